@@ -1,0 +1,141 @@
+"""In-memory blocks of rows: dense float32 arrays, or sparse rows over 64-bit feature ids.
+
+Sparse data carries 64-bit feature ids (hashed tokens, pyramid bins), far too many to be scipy
+column numbers.  A `SparseBlock` holds a scipy CSR matrix over *local* columns plus the sorted
+global feature id of each column, so products between two blocks align their columns without
+any global vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from lshdist.errors import InputError
+
+
+@dataclass(frozen=True)
+class SparseBlock:
+    """Rows of a sparse dataset.
+
+    Attributes
+    ----------
+    matrix : scipy.sparse.csr_matrix, shape (n, f), float32
+        Rows over local columns; column ``j`` is global feature ``features[j]``.
+    features : ndarray, shape (f,), uint64
+        Sorted, unique global feature ids of the local columns.
+    """
+
+    matrix: sp.csr_matrix
+    features: np.ndarray
+
+    @classmethod
+    def from_arrays(cls, indptr, indices, data) -> "SparseBlock":
+        """Build from CSR arrays whose ``indices`` are global (uint64) feature ids."""
+        indptr = np.asarray(indptr, dtype=np.int64)
+        indices = np.asarray(indices, dtype=np.uint64)
+        data = np.asarray(data, dtype=np.float32)
+        features, local = np.unique(indices, return_inverse=True)
+        n = len(indptr) - 1
+        m = sp.csr_matrix(
+            (data, local.astype(np.int64).ravel(), indptr - indptr[0]), shape=(n, len(features))
+        )
+        return cls(m, features)
+
+    @classmethod
+    def from_csr(cls, X: sp.spmatrix) -> "SparseBlock":
+        """Wrap a scipy matrix whose column numbers are the feature ids."""
+        X = sp.csr_matrix(X, dtype=np.float32)
+        return cls.from_arrays(X.indptr, X.indices.astype(np.uint64), X.data)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape
+
+    @property
+    def n_rows(self) -> int:
+        return self.matrix.shape[0]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.matrix.nnz)
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR arrays with global uint64 feature ids: ``(indptr, indices, data)``."""
+        m = self.matrix
+        return (
+            m.indptr.astype(np.int64),
+            self.features[m.indices].astype(np.uint64),
+            m.data.astype(np.float32),
+        )
+
+    def take(self, rows) -> "SparseBlock":
+        """Rows ``rows`` (any integer index array), same feature space."""
+        return SparseBlock(self.matrix[np.asarray(rows)], self.features)
+
+    def over(self, features: np.ndarray) -> sp.csr_matrix:
+        """This block as a CSR matrix over the columns ``features`` (sorted uint64).
+
+        Entries whose feature is not in ``features`` are dropped: they contribute nothing to a
+        product with a matrix over ``features``.
+        """
+        pos = np.searchsorted(features, self.features)
+        ok = pos < len(features)
+        ok[ok] = features[pos[ok]] == self.features[ok]
+        src = np.flatnonzero(ok)
+        select = sp.csr_matrix(
+            (np.ones(len(src), np.float32), (src, pos[src])),
+            shape=(len(self.features), len(features)),
+        )
+        return sp.csr_matrix(self.matrix @ select)
+
+    def dot_t(self, other: "SparseBlock") -> np.ndarray:
+        """Dense ``self @ other.T``, shape (n_self, n_other), float64."""
+        common = np.intersect1d(self.features, other.features, assume_unique=True)
+        a = self.over(common).astype(np.float64)
+        b = other.over(common).astype(np.float64)
+        return np.asarray((a @ b.T).todense())
+
+    def row_norms_sq(self) -> np.ndarray:
+        """Squared L2 norm of every row, float64."""
+        m = self.matrix
+        return np.asarray(m.multiply(m).sum(axis=1), dtype=np.float64).ravel()
+
+
+def vstack_sparse(blocks: list[SparseBlock]) -> SparseBlock:
+    """Stack sparse blocks row-wise into one block over the union of their features."""
+    parts = [b.to_arrays() for b in blocks]
+    indptr = [np.zeros(1, np.int64)]
+    offset = 0
+    for p, _, _ in parts:
+        indptr.append(p[1:] - p[0] + offset)
+        offset += int(p[-1] - p[0])
+    return SparseBlock.from_arrays(
+        np.concatenate(indptr),
+        np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint64),
+        np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32),
+    )
+
+
+def n_rows(X) -> int:
+    """Rows of a dense array or a `SparseBlock`."""
+    return X.n_rows if isinstance(X, SparseBlock) else int(np.asarray(X).shape[0])
+
+
+def take_rows(X, rows):
+    """Rows of a dense array or a `SparseBlock`."""
+    return X.take(rows) if isinstance(X, SparseBlock) else np.asarray(X)[rows]
+
+
+def as_block(X):
+    """Dense float32 C array, or a `SparseBlock` (a scipy matrix becomes one)."""
+    if isinstance(X, SparseBlock):
+        return X
+    if sp.issparse(X):
+        return SparseBlock.from_csr(X)
+    X = np.asarray(X)
+    if X.dtype.kind not in "biuf":
+        raise InputError(f"X has dtype {X.dtype}, but features must be numeric")
+    return np.ascontiguousarray(X, dtype=np.float32)

@@ -1,0 +1,1 @@
+"""Storage: Zarr datasets, models and indexes, Parquet results (ARCHITECTURE.md section 3)."""

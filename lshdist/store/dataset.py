@@ -1,0 +1,293 @@
+"""Datasets as Zarr v3 groups (ARCHITECTURE.md section 3).
+
+Layout of a dataset directory::
+
+    zarr.json                group attributes: format, version, N, d, kind, nnz, shard_rows,
+                             classes (label names or null)
+    X                        dense: float32 (N, d), chunked (shard_rows, d): a chunk is a shard
+    X/indptr, X/indices,     sparse CSR: int64 (N+1,), uint64 (nnz,), float32 (nnz,)
+    X/data, X/shard_bounds   int64 (n_shards+1,): the first row of every shard, then N
+    y                        optional int32 label codes (index into ``classes``)
+    ids                      int64 row ids (default 0..N-1)
+
+A shard is read alone: only the Zarr chunks that overlap its rows are fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import scipy.sparse as sp
+import zarr
+
+from lshdist.blocks import SparseBlock
+from lshdist.errors import FormatError, InputError
+from lshdist.store.atomic import atomic_dir
+from lshdist.validation import check_finite, check_labels, check_numeric_matrix
+
+FORMAT = "lshdist-dataset"
+VERSION = 1
+DEFAULT_SHARD_ROWS = 10_000
+_SPARSE_CHUNK = 1 << 20
+HASHED_D = 2**64  # feature space of hashed (uint64) feature ids
+
+
+def _shard_bounds(n: int, shard_rows: int) -> np.ndarray:
+    return np.append(np.arange(0, n, shard_rows, dtype=np.int64), np.int64(n))
+
+
+def write_dataset(
+    path: str | os.PathLike,
+    X,
+    y=None,
+    *,
+    ids=None,
+    classes: list[str] | None = None,
+    d: int | None = None,
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    overwrite: bool = False,
+    attrs: dict | None = None,
+) -> "Dataset":
+    """Write a dense or sparse dataset, atomically.
+
+    Parameters
+    ----------
+    X : ndarray (N, d), scipy sparse matrix (N, d) or `SparseBlock` (N, features)
+        Rows.  Dense data is stored as float32; sparse data as CSR with uint64 feature ids.
+    y : array (N,), optional
+        Integer label codes when ``classes`` is given, otherwise any labels (their sorted unique
+        values, as strings, become ``classes``).
+    ids : int64 array (N,), optional
+        Row ids; default ``0..N-1``.
+    d : int, optional
+        Dimension of a sparse feature space (default: the scipy shape, or 2**64 for hashed ids).
+    shard_rows : int
+        Rows per shard (a dense Zarr chunk; a sparse row range).
+    """
+    if not isinstance(shard_rows, (int, np.integer)) or shard_rows < 1:
+        raise InputError(f"shard_rows={shard_rows!r}: the shard size must be an integer >= 1")
+    if isinstance(X, SparseBlock) or sp.issparse(X):
+        if sp.issparse(X):
+            check_finite(sp.csr_matrix(X))
+            if d is None:
+                d = int(X.shape[1])
+            X = SparseBlock.from_csr(X)
+        check_finite(X.matrix)
+        kind, n = "sparse", X.n_rows
+        if n == 0:
+            raise InputError("X is empty (0 rows); give at least one row")
+        if d is None:
+            d = HASHED_D
+    else:
+        X = check_numeric_matrix(X)
+        kind, (n, d) = "dense", X.shape
+    if y is not None:
+        y = check_labels(y, n)
+        if classes is None:
+            classes_arr, codes = np.unique(y, return_inverse=True)
+            classes = [str(c) for c in classes_arr.tolist()]
+            y = codes
+        y = np.asarray(y)
+        if y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= len(classes))):
+            raise InputError(f"label codes must be integers in [0, {len(classes)}), got {y[:5]}...")
+        y = y.astype(np.int32)
+    if ids is None:
+        ids = np.arange(n, dtype=np.int64)
+    else:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.shape != (n,):
+            raise InputError(f"ids has shape {ids.shape}, but X has {n} rows; give one id per row")
+
+    bounds = _shard_bounds(n, int(shard_rows))
+    with atomic_dir(path, overwrite=overwrite) as tmp:
+        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        nnz = None
+        if kind == "dense":
+            g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)))
+        else:
+            indptr, indices, data = X.to_arrays()
+            nnz = int(len(data))
+            gx = g.create_group("X")
+            gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,))
+            ck = (int(max(1, min(_SPARSE_CHUNK, nnz))),)
+            gx.create_array("indices", data=indices, chunks=ck)
+            gx.create_array("data", data=data, chunks=ck)
+            gx.create_array("shard_bounds", data=bounds)
+        if y is not None:
+            g.create_array("y", data=y, chunks=(int(min(shard_rows, n)),))
+        g.create_array("ids", data=ids, chunks=(int(min(shard_rows, n)),))
+        g.attrs.update(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "N": int(n),
+                "d": int(d),
+                "kind": kind,
+                "nnz": nnz,
+                "shard_rows": int(shard_rows),
+                "n_shards": int(len(bounds) - 1),
+                "classes": classes,
+                **(attrs or {}),
+            }
+        )
+    return Dataset(path)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    index: int
+    start: int
+    stop: int
+
+
+class Dataset:
+    """Read side of a dataset directory; nothing is loaded until asked for.
+
+    Raises `FormatError` for a directory that is not an lshdist dataset or is corrupted.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise InputError(f"dataset {str(self.path)!r} does not exist")
+        meta = self.path / "zarr.json"
+        if not meta.is_file():
+            raise FormatError(
+                f"{str(self.path)!r} is not a Zarr v3 group (no zarr.json); "
+                "create datasets with `lshdist ingest`"
+            )
+        try:
+            attrs = json.loads(meta.read_text()).get("attributes", {})
+        except (json.JSONDecodeError, OSError) as exc:
+            raise FormatError(f"{str(self.path)!r}: zarr.json is corrupted ({exc})") from None
+        if attrs.get("format") != FORMAT:
+            raise FormatError(
+                f"{str(self.path)!r} is a Zarr group but not an lshdist dataset "
+                f"(format={attrs.get('format')!r}, expected {FORMAT!r}); "
+                "re-ingest it with `lshdist ingest`"
+            )
+        if attrs.get("version") != VERSION:
+            raise FormatError(
+                f"{str(self.path)!r} has dataset format version {attrs.get('version')!r}; "
+                f"this lshdist reads version {VERSION}"
+            )
+        self.attrs = attrs
+        try:
+            self._group = zarr.open_group(str(self.path), mode="r", zarr_format=3)
+            if self.kind == "dense":
+                xa = self._group["X"]
+                if tuple(xa.shape) != (self.n, self.d):
+                    raise FormatError(
+                        f"{str(self.path)!r}: X has shape {xa.shape}, attributes say "
+                        f"({self.n}, {self.d}); the dataset is corrupted, re-ingest it"
+                    )
+            else:
+                self._bounds = np.asarray(self._group["X/shard_bounds"][:], dtype=np.int64)
+                if self._group["X/indptr"].shape[0] != self.n + 1:
+                    raise FormatError(f"{str(self.path)!r}: X/indptr does not have N+1 entries")
+        except FormatError:
+            raise
+        except Exception as exc:  # zarr raises many types for missing or broken arrays
+            raise FormatError(
+                f"{str(self.path)!r} is corrupted ({type(exc).__name__}: {exc}); re-ingest it"
+            ) from None
+
+    # -- metadata ---------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return int(self.attrs["N"])
+
+    @property
+    def d(self) -> int:
+        return int(self.attrs["d"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.attrs["kind"])
+
+    @property
+    def nnz(self) -> int | None:
+        return self.attrs.get("nnz")
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.attrs.get("classes")
+
+    @property
+    def shard_bounds(self) -> np.ndarray:
+        if self.kind == "sparse":
+            return self._bounds
+        return _shard_bounds(self.n, int(self.attrs["shard_rows"]))
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shard_bounds) - 1
+
+    def shards(self) -> list[ShardInfo]:
+        b = self.shard_bounds
+        return [ShardInfo(i, int(b[i]), int(b[i + 1])) for i in range(len(b) - 1)]
+
+    def summary(self) -> dict:
+        """What `lshdist info` prints."""
+        y = self.labels()
+        return {
+            "path": str(self.path),
+            "N": self.n,
+            "d": self.d,
+            "kind": self.kind,
+            "nnz": self.nnz if self.kind == "sparse" else self.n * self.d,
+            "shards": self.n_shards,
+            "shard_rows": int(self.attrs["shard_rows"]),
+            "classes": None if self.classes is None else len(self.classes),
+            "labelled": y is not None,
+        }
+
+    # -- data -------------------------------------------------------------------------------
+    def labels(self) -> np.ndarray | None:
+        return np.asarray(self._group["y"][:]) if "y" in self._group else None
+
+    def ids(self) -> np.ndarray:
+        return np.asarray(self._group["ids"][:], dtype=np.int64)
+
+    def read_rows(self, start: int, stop: int):
+        """Rows ``start:stop``: a float32 array, or a `SparseBlock`."""
+        if self.kind == "dense":
+            return np.ascontiguousarray(self._group["X"][start:stop], dtype=np.float32)
+        indptr = np.asarray(self._group["X/indptr"][start : stop + 1], dtype=np.int64)
+        lo, hi = int(indptr[0]), int(indptr[-1])
+        indices = np.asarray(self._group["X/indices"][lo:hi], dtype=np.uint64)
+        data = np.asarray(self._group["X/data"][lo:hi], dtype=np.float32)
+        return SparseBlock.from_arrays(indptr - lo, indices, data)
+
+    def read_shard(self, i: int):
+        """Shard ``i`` alone (dense array or `SparseBlock`)."""
+        if not 0 <= i < self.n_shards:
+            raise InputError(f"shard {i} out of range: the dataset has {self.n_shards} shards")
+        b = self.shard_bounds
+        return self.read_rows(int(b[i]), int(b[i + 1]))
+
+    def iter_shards(self) -> Iterator:
+        for i in range(self.n_shards):
+            yield self.read_shard(i)
+
+    def read_all(self):
+        """The whole dataset in memory (driver-side use on small data only)."""
+        return self.read_rows(0, self.n)
+
+    def to_dask(self):
+        """Dense: a lazy ``dask.array`` (one chunk a shard).  Sparse: one delayed per shard."""
+        import dask
+        import dask.array as da
+
+        if self.kind == "dense":
+            return da.from_zarr(self._group["X"])
+        return [dask.delayed(_read_shard)(str(self.path), i) for i in range(self.n_shards)]
+
+
+def _read_shard(path: str, i: int):
+    return Dataset(path).read_shard(i)
