@@ -1,0 +1,1 @@
+"""numba kernels: pure functions over C-contiguous arrays (STYLE.md, "Kernels")."""

@@ -1,0 +1,153 @@
+"""ITML Bregman projections (ARCHITECTURE.md section 2), O(d^2) or O(c^2) each."""
+
+import numpy as np
+from numba import njit
+
+_TINY = 1e-12
+
+
+@njit(cache=True, nogil=True)
+def _project_scalars(p, lam, xi, delta, gamma):
+    """Return (alpha, new_xi) of one ITML projection for a pair of learned length p."""
+    if np.isinf(gamma):
+        gproj = 1.0
+    else:
+        gproj = gamma / (gamma + 1.0)
+    alpha = min(lam, delta * gproj * (1.0 / p - 1.0 / xi))
+    if np.isinf(gamma):
+        new_xi = xi
+    else:
+        new_xi = 1.0 / (1.0 / xi + delta * alpha / gamma)
+    return alpha, new_xi
+
+
+@njit(cache=True, nogil=True)
+def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
+    """Cyclic ITML projections on an explicit matrix, in place.
+
+    Parameters
+    ----------
+    A : float64 (d, d), updated in place (the prior on entry, the learned matrix on exit)
+    V : float64 (n, d), difference vectors ``x_i - x_j`` of the constraints, in order
+    delta : float64 (n,), +1 similar, -1 dissimilar
+    xi : float64 (n,), the bound of each constraint (u or l), updated in place (slack targets)
+    offsets : float64 (n,), a constant added to every learned length ``v^T A v`` (0 for explicit
+        ITML; ``||(I-P)v||^2`` for the span-coordinate route of the kernelized learner)
+    gamma : float, slack (``inf`` for hard constraints)
+    max_iter : int, passes over all constraints
+    tol : float, stop when ``sum|lam - lam_old| / (||lam|| + ||lam_old||) < tol``
+
+    Returns
+    -------
+    n_iter : int, conv : float
+    """
+    n, d = V.shape
+    lam = np.zeros(n)
+    lam_old = np.zeros(n)
+    Av = np.empty(d)
+    conv = np.inf
+    it = 0
+    for it in range(1, max_iter + 1):
+        for c in range(n):
+            for r in range(d):
+                s = 0.0
+                for k in range(d):
+                    s += A[r, k] * V[c, k]
+                Av[r] = s
+            q = 0.0
+            for r in range(d):
+                q += V[c, r] * Av[r]
+            if q <= _TINY:
+                continue  # zero-length pair: nothing to project, never divide by it
+            p = q + offsets[c]
+            alpha, new_xi = _project_scalars(p, lam[c], xi[c], delta[c], gamma)
+            lam[c] -= alpha
+            xi[c] = new_xi
+            beta = delta[c] * alpha / (1.0 - delta[c] * alpha * q)
+            for r in range(d):
+                br = beta * Av[r]
+                for k in range(d):
+                    A[r, k] += br * Av[k]
+        normsum = np.sqrt(np.sum(lam * lam)) + np.sqrt(np.sum(lam_old * lam_old))
+        if normsum == 0.0:
+            conv = np.inf
+            break
+        conv = np.sum(np.abs(lam_old - lam)) / normsum
+        if conv < tol:
+            break
+        lam_old[:] = lam
+    return it, conv
+
+
+@njit(cache=True, nogil=True)
+def itml_basis(K0, S, K, I, J, delta, xi, gamma, max_iter, tol):
+    """Kernelized ITML over basis points: eq. 5 on K and Lemma 2 on S, in place, O(c^2) each.
+
+    Parameters
+    ----------
+    K0 : float64 (c, c), kernel matrix of the basis
+    S : float64 (c, c), zeros on entry; ``G = I + Phi S Phi^T`` on exit
+    K : float64 (c, c), a copy of K0 on entry; ``Phi^T A Phi`` on exit
+    I, J : int64 (n,), basis indices of each constraint
+    delta, xi, gamma, max_iter, tol : as in `itml_explicit`
+    """
+    n = I.shape[0]
+    c = K0.shape[0]
+    lam = np.zeros(n)
+    lam_old = np.zeros(n)
+    Ke = np.empty(c)
+    a = np.empty(c)
+    bt = np.empty(c)
+    aK0 = np.empty(c)
+    conv = np.inf
+    it = 0
+    for it in range(1, max_iter + 1):
+        for t in range(n):
+            i = I[t]
+            j = J[t]
+            p = K[i, i] + K[j, j] - 2.0 * K[i, j]
+            if p <= _TINY:
+                continue
+            alpha, new_xi = _project_scalars(p, lam[t], xi[t], delta[t], gamma)
+            lam[t] -= alpha
+            xi[t] = new_xi
+            beta = delta[t] * alpha / (1.0 - delta[t] * alpha * p)
+            # eq. 5: K <- K + beta K e e^T K
+            for r in range(c):
+                Ke[r] = K[r, i] - K[r, j]
+            for r in range(c):
+                br = beta * Ke[r]
+                for k in range(c):
+                    K[r, k] += br * Ke[k]
+            # Lemma 1 and Lemma 2
+            alpha_l = (np.sqrt(1.0 + beta * p) - 1.0) / p
+            for r in range(c):
+                s = 0.0
+                for k in range(c):
+                    s += S[r, k] * (K0[k, i] - K0[k, j])
+                a[r] = s
+            a[i] += 1.0
+            a[j] -= 1.0
+            for k in range(c):
+                s = 0.0
+                for r in range(c):
+                    s += a[r] * K0[r, k]
+                aK0[k] = s
+            for k in range(c):
+                s = 0.0
+                for r in range(c):
+                    s += aK0[r] * S[r, k]
+                bt[k] = a[k] + s
+            for r in range(c):
+                ar = alpha_l * a[r]
+                for k in range(c):
+                    S[r, k] += ar * bt[k]
+        normsum = np.sqrt(np.sum(lam * lam)) + np.sqrt(np.sum(lam_old * lam_old))
+        if normsum == 0.0:
+            conv = np.inf
+            break
+        conv = np.sum(np.abs(lam_old - lam)) / normsum
+        if conv < tol:
+            break
+        lam_old[:] = lam
+    return it, conv

@@ -1,0 +1,120 @@
+"""Pair constraints for ITML, given or drawn from labels (ARCHITECTURE.md section 2).
+
+A constraint set is ``(pairs, delta)``: int64 ``(n, 2)`` row indices and float64 ``(n,)`` with
++1 for similar and -1 for dissimilar pairs.  Similar pairs come first, then dissimilar ones
+(the order of metric-learn's ITML, so both learners see the same sequence).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lshdist.errors import InputError
+
+STRATEGIES = ("random", "neighbors")
+
+
+def check_labels_for_constraints(y: np.ndarray) -> np.ndarray:
+    y = np.asarray(y)
+    if len(np.unique(y)) < 2:
+        raise InputError(
+            f"the labels hold one class only ({np.unique(y)[:1].tolist()}); constraints need "
+            "at least two classes (similar and dissimilar pairs)"
+        )
+    return y
+
+
+def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator):
+    """``n_constraints // 2`` random same-label pairs and as many different-label pairs.
+
+    The strategy of the ITML authors' code and of metric-learn.
+    """
+    y = check_labels_for_constraints(y)
+    n = len(y)
+    half = max(1, n_constraints // 2)
+    pos, neg = [], []
+    # draw in rounds until both halves are full; distinct points within a pair
+    while len(pos) < half or len(neg) < half:
+        a = rng.integers(0, n, size=4 * half)
+        b = rng.integers(0, n, size=4 * half)
+        ok = a != b
+        a, b = a[ok], b[ok]
+        same = y[a] == y[b]
+        pos.extend(zip(a[same].tolist(), b[same].tolist()))
+        neg.extend(zip(a[~same].tolist(), b[~same].tolist()))
+    pairs = np.array(pos[:half] + neg[:half], dtype=np.int64)
+    delta = np.concatenate([np.ones(half), -np.ones(half)])
+    return pairs, delta
+
+
+def neighbor_pairs(
+    Z, y: np.ndarray, n_constraints: int, n_neighbors: int, rng: np.random.Generator, sq_dist
+):
+    """Constraints among nearest neighbours under the base metric.
+
+    For sampled anchors, the same-label points among the anchor's ``n_neighbors`` nearest
+    neighbours become similar pairs and the different-label ones (impostors) dissimilar pairs,
+    until ``n_constraints`` pairs are gathered.
+
+    Parameters
+    ----------
+    Z : rows (dense array or `SparseBlock`) under the base metric
+    sq_dist : callable ``(Z_rows_a, Z_all) -> (n_a, N)`` squared base distances
+    """
+    from lshdist.blocks import n_rows, take_rows
+
+    y = check_labels_for_constraints(y)
+    N = n_rows(Z)
+    k = int(min(n_neighbors, N - 1))
+    if k < 1:
+        raise InputError("neighbour constraints need at least two points")
+    order = rng.permutation(N)
+    pos: list[tuple[int, int]] = []
+    neg: list[tuple[int, int]] = []
+    step = max(16, int(np.ceil(n_constraints / k)))
+    done = 0
+    while len(pos) + len(neg) < n_constraints and done < N:
+        anchors = order[done : done + step]
+        done += len(anchors)
+        D = sq_dist(take_rows(Z, anchors), Z)
+        D[np.arange(len(anchors)), anchors] = np.inf  # a point is not its own neighbour
+        nn = np.argpartition(D, k - 1, axis=1)[:, :k]
+        nn = np.take_along_axis(nn, np.argsort(np.take_along_axis(D, nn, 1), axis=1), 1)
+        for a, row in zip(anchors.tolist(), nn.tolist()):
+            for b in row:
+                (pos if y[a] == y[b] else neg).append((a, b))
+            if len(pos) + len(neg) >= n_constraints:
+                break
+    if not neg:
+        raise InputError(
+            "no dissimilar pairs among the nearest neighbours; increase n_neighbors or use "
+            "constraints='random'"
+        )
+    pairs = np.array(pos + neg, dtype=np.int64)
+    delta = np.concatenate([np.ones(len(pos)), -np.ones(len(neg))])
+    return pairs, delta
+
+
+def check_pairs(pairs, delta, n_points: int):
+    """Validate user-given constraints."""
+    pairs = np.asarray(pairs)
+    delta = np.asarray(delta, dtype=np.float64)
+    if pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise InputError(f"pairs must have shape (n, 2), got {pairs.shape}")
+    if pairs.dtype.kind not in "iu":
+        raise InputError(f"pairs must hold integer row indices, got dtype {pairs.dtype}")
+    if delta.shape != (len(pairs),):
+        raise InputError(
+            f"got {len(delta)} pair labels for {len(pairs)} pairs; give one +1/-1 label per pair"
+        )
+    if not np.isin(delta, (-1.0, 1.0)).all():
+        raise InputError("pair labels must be +1 (similar) or -1 (dissimilar)")
+    if len(pairs) and (pairs.min() < 0 or pairs.max() >= n_points):
+        bad = pairs[(pairs < 0) | (pairs >= n_points)][0]
+        raise InputError(
+            f"constraint id {int(bad)} is out of range: the data has {n_points} points "
+            f"(valid ids 0..{n_points - 1})"
+        )
+    if len(pairs) == 0:
+        raise InputError("no constraints given; give at least one pair")
+    return pairs.astype(np.int64), delta

@@ -1,0 +1,341 @@
+"""Information-theoretic metric learning (Davis et al. 2007), explicit and kernelized.
+
+The projections follow ARCHITECTURE.md section 2 exactly; the loops run in
+`lshdist._kernels.itml`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from lshdist._kernels.itml import itml_basis, itml_explicit
+from lshdist.blocks import SparseBlock, as_block, n_rows, take_rows
+from lshdist.errors import InputError, NotFittedError
+from lshdist.metric.constraints import (
+    STRATEGIES,
+    check_labels_for_constraints,
+    check_pairs,
+    neighbor_pairs,
+    random_pairs,
+)
+from lshdist.metric.kernels import get_kernel
+from lshdist.metric.learned import ExplicitMetric, ImplicitMetric, sq_euclidean
+from lshdist.validation import check_finite, check_labels, check_numeric_matrix
+
+log = logging.getLogger(__name__)
+
+#: bounds conventions: the ITML authors' code (default) and the paper
+PERCENTILES = {"code": (5.0, 95.0), "paper": (1.0, 99.0)}
+
+
+def percentile_bounds(sq_dists: np.ndarray, percentiles: tuple[float, float]) -> tuple[float, float]:
+    """``(u, l)``: percentiles of the squared distances (upper bound for similar pairs first)."""
+    d = sq_dists[sq_dists > 0]
+    if len(d) == 0:
+        raise InputError("all sampled points coincide; cannot set distance bounds")
+    u, l = np.percentile(d, percentiles)
+    return float(u), float(l)
+
+
+def _sample_sq_dists(X, sq_dist, n_sample: int, rng) -> np.ndarray:
+    N = n_rows(X)
+    idx = rng.choice(N, size=min(n_sample, N), replace=False)
+    Z = take_rows(X, np.sort(idx))
+    D = sq_dist(Z, Z)
+    return D[np.triu_indices(len(idx), 1)]
+
+
+def _check_X(X):
+    X = as_block(X)
+    if isinstance(X, SparseBlock):
+        check_finite(X.matrix)
+        if X.n_rows == 0:
+            raise InputError("X is empty (0 rows)")
+        return X
+    return check_numeric_matrix(X)
+
+
+class _ITMLParams:
+    def __init__(
+        self,
+        *,
+        gamma: float = 1.0,
+        max_iter: int = 1000,
+        tol: float = 1e-3,
+        constraints: str = "neighbors",
+        n_constraints: int = 10000,
+        n_neighbors: int = 10,
+        percentiles: tuple[float, float] | str = "code",
+        bounds: tuple[float, float] | None = None,
+        bound_sample: int = 200,
+        seed: int = 0,
+    ):
+        self.gamma = gamma
+        self.max_iter = max_iter
+        self.tol = tol
+        self.constraints = constraints
+        self.n_constraints = n_constraints
+        self.n_neighbors = n_neighbors
+        self.percentiles = percentiles
+        self.bounds = bounds
+        self.bound_sample = bound_sample
+        self.seed = seed
+
+    def _validate_params(self):
+        if self.constraints not in STRATEGIES:
+            raise InputError(
+                f"constraints={self.constraints!r}; choose one of {list(STRATEGIES)}"
+            )
+        if not (self.gamma > 0):
+            raise InputError(f"gamma={self.gamma}: the slack must be > 0 (inf for hard constraints)")
+        if self.max_iter < 1:
+            raise InputError(f"max_iter={self.max_iter}: must be >= 1")
+        if self.n_constraints < 2:
+            raise InputError(f"n_constraints={self.n_constraints}: must be >= 2")
+        pct = self.percentiles
+        if isinstance(pct, str):
+            if pct not in PERCENTILES:
+                raise InputError(f"percentiles={pct!r}; choose {sorted(PERCENTILES)} or a pair")
+            pct = PERCENTILES[pct]
+        pct = tuple(float(p) for p in pct)
+        if not (len(pct) == 2 and 0 <= pct[0] < pct[1] <= 100):
+            raise InputError(f"percentiles={pct}: need two numbers 0 <= lower < upper <= 100")
+        return pct
+
+    def _constraints(self, X, y, pairs, delta, sq_dist, rng):
+        N = n_rows(X)
+        if pairs is not None:
+            return check_pairs(pairs, delta, N)
+        if y is None:
+            raise InputError("give labels y or explicit pairs (with +1/-1 pair labels)")
+        y = check_labels(y, N)
+        check_labels_for_constraints(y)
+        if self.constraints == "random":
+            return random_pairs(y, self.n_constraints, rng)
+        return neighbor_pairs(X, y, self.n_constraints, self.n_neighbors, rng, sq_dist)
+
+    def _bounds(self, X, sq_dist, pct, rng):
+        if self.bounds is not None:
+            u, l = (float(b) for b in self.bounds)
+            if not (0 < u <= l):
+                raise InputError(f"bounds={self.bounds}: need 0 < u <= l")
+            return u, l
+        return percentile_bounds(_sample_sq_dists(X, sq_dist, self.bound_sample, rng), pct)
+
+
+class ITML(_ITMLParams):
+    """Explicit ITML: learns a d x d matrix ``A`` (a `ExplicitMetric`).
+
+    Parameters
+    ----------
+    gamma : slack trade-off (``inf``: hard constraints)
+    max_iter, tol : stopping rule on the change of the dual variables (metric-learn's)
+    constraints : ``"neighbors"`` (default) or ``"random"`` when drawn from labels
+    n_constraints : number of pairs drawn from labels
+    n_neighbors : neighbours per anchor for ``"neighbors"``
+    percentiles : ``"code"`` (5th/95th, the authors' code; default), ``"paper"`` (1st/99th) or
+        a pair; the bounds ``u, l`` are these percentiles of squared distances (under the prior)
+        of ``bound_sample`` random points
+    bounds : explicit ``(u, l)``, overrides ``percentiles``
+    prior : ``"identity"``, ``"inverse-covariance"`` or a d x d positive definite matrix
+    seed : seeds constraint and sample draws
+    """
+
+    def __init__(self, *, prior="identity", **kw):
+        super().__init__(**kw)
+        self.prior = prior
+
+    def _prior(self, X: np.ndarray) -> np.ndarray:
+        d = X.shape[1]
+        if isinstance(self.prior, str):
+            if self.prior == "identity":
+                return np.eye(d)
+            if self.prior in ("inverse-covariance", "covariance"):
+                C = np.cov(X.astype(np.float64), rowvar=False).reshape(d, d)
+                return np.linalg.pinv(C + 1e-9 * np.trace(C) / d * np.eye(d))
+            raise InputError(
+                f"prior={self.prior!r}; choose 'identity', 'inverse-covariance' or give a matrix"
+            )
+        A0 = np.asarray(self.prior, np.float64)
+        if A0.shape != (d, d):
+            raise InputError(f"the prior has shape {A0.shape}, but X has {d} features: need ({d}, {d})")
+        return A0
+
+    def fit(self, X, y=None, *, pairs=None, delta=None) -> "ITML":
+        """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1)."""
+        pct = self._validate_params()
+        X = check_numeric_matrix(X)
+        rng = np.random.default_rng(self.seed)
+        A0 = self._prior(X)
+        prior_metric = ExplicitMetric(A0)
+        Z = prior_metric.transform(X)
+        pairs_, delta_ = self._constraints(Z, y, pairs, delta, sq_euclidean, rng)
+        u, l = self._bounds(Z, sq_euclidean, pct, rng)
+        V = X[pairs_[:, 0]].astype(np.float64) - X[pairs_[:, 1]].astype(np.float64)
+        xi = np.where(delta_ > 0, u, l).astype(np.float64)
+        A = np.ascontiguousarray(A0.copy())
+        n_iter, conv = itml_explicit(
+            A, np.ascontiguousarray(V), delta_, xi, np.zeros(len(V)), float(self.gamma),
+            int(self.max_iter), float(self.tol),
+        )
+        log.info("ITML: %d constraints, %d passes, conv %.2e", len(V), n_iter, conv)
+        self.A_ = 0.5 * (A + A.T)
+        self.bounds_ = (u, l)
+        self.pairs_, self.delta_ = pairs_, delta_
+        self.n_iter_, self.conv_ = n_iter, conv
+        self.d_ = X.shape[1]
+        return self
+
+    def metric(self) -> ExplicitMetric:
+        if not hasattr(self, "A_"):
+            raise NotFittedError("this ITML is not fitted yet; call fit(X, y) first")
+        return ExplicitMetric(self.A_)
+
+
+def _inv_sqrt_psd(K0: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, int]:
+    """``K0^{-1/2}`` on the range of K0 (pseudo-inverse square root) and the rank kept."""
+    w, U = np.linalg.eigh(0.5 * (K0 + K0.T))
+    keep = w > rtol * max(w.max(), 0.0)
+    if not keep.any():
+        raise InputError("the basis kernel matrix K0 is zero; choose other basis points")
+    Ur, wr = U[:, keep], w[keep]
+    return (Ur / np.sqrt(wr)) @ Ur.T, int(keep.sum())
+
+
+def _sqrt_psd(W: np.ndarray) -> np.ndarray:
+    w, U = np.linalg.eigh(0.5 * (W + W.T))
+    return (U * np.sqrt(np.maximum(w, 0.0))) @ U.T
+
+
+class KernelITML(_ITMLParams):
+    """Kernelized ITML over c basis points: ``G = I + Phi S Phi^T`` (an `ImplicitMetric`).
+
+    Two routes (ARCHITECTURE.md section 2):
+
+    ``route="span"`` (default) — constraints among any points: learn a c x c ``W`` by explicit
+    ITML on the span coordinates ``psi(x) = K0^{-1/2} Phi^T phi(x)`` with
+    ``||(I-P)(a-b)||^2`` added to every projected length; then
+    ``S = K0^{-1/2} (W^{1/2} - I) K0^{-1/2}``.
+
+    ``route="basis"`` — constraints among basis points only: eq. 5 on ``K`` and Lemma 2 on ``S``.
+
+    Parameters
+    ----------
+    kernel : base kernel name (``"linear"``)
+    n_basis : c, number of basis points drawn at random (seeded) from X
+    basis : explicit basis row indices into X (overrides ``n_basis``)
+    rank_rtol : eigenvalues of K0 below ``rank_rtol * max`` are treated as zero (a singular K0,
+        e.g. duplicate basis points, is reported and handled on its range, never inverted)
+    other parameters : as `ITML`
+    """
+
+    def __init__(self, *, kernel="linear", n_basis=300, basis=None, route="span",
+                 rank_rtol=1e-10, **kw):
+        super().__init__(**kw)
+        self.kernel = kernel
+        self.n_basis = n_basis
+        self.basis = basis
+        self.route = route
+        self.rank_rtol = rank_rtol
+
+    def _basis_index(self, N: int, rng) -> np.ndarray:
+        if self.basis is not None:
+            b = np.asarray(self.basis)
+            if b.ndim != 1 or b.dtype.kind not in "iu" or len(b) == 0:
+                raise InputError("basis must be a non-empty 1-d array of row indices")
+            if b.min() < 0 or b.max() >= N:
+                raise InputError(f"basis index {int(b.max())} out of range for {N} points")
+            return b.astype(np.int64)
+        c = int(self.n_basis)
+        if c < 2:
+            raise InputError(f"n_basis={c}: need at least 2 basis points")
+        if c > N:
+            raise InputError(
+                f"c={c} basis points requested, but the data has only {N} points; "
+                f"choose c <= {N}"
+            )
+        return np.sort(rng.choice(N, size=c, replace=False))
+
+    def fit(self, X, y=None, *, pairs=None, delta=None) -> "KernelITML":
+        pct = self._validate_params()
+        if self.route not in ("span", "basis"):
+            raise InputError(f"route={self.route!r}; choose 'span' or 'basis'")
+        X = _check_X(X)
+        kern = get_kernel(self.kernel)
+        rng = np.random.default_rng(self.seed)
+        N = n_rows(X)
+        bidx = self._basis_index(N, rng)
+        basis = take_rows(X, bidx)
+        c = len(bidx)
+        K0 = kern(basis, basis)
+
+        def sq_dist(A, B):
+            D = kern.diag(A)[:, None] + kern.diag(B)[None, :] - 2 * kern(A, B)
+            return np.maximum(D, 0.0)
+
+        if self.route == "basis":
+            yb = None if y is None else check_labels(y, N)[bidx]
+            pairs_, delta_ = self._constraints(basis, yb, pairs, delta, sq_dist, rng)
+            u, l = self._bounds(X, sq_dist, pct, rng)
+            S = np.zeros((c, c))
+            K = np.ascontiguousarray(K0.copy())
+            xi = np.where(delta_ > 0, u, l).astype(np.float64)
+            n_iter, conv = itml_basis(
+                np.ascontiguousarray(K0), S, K, pairs_[:, 0].copy(), pairs_[:, 1].copy(),
+                delta_, xi, float(self.gamma), int(self.max_iter), float(self.tol),
+            )
+            self.K_ = K
+            self.W_ = None
+        else:
+            pairs_, delta_ = self._constraints(X, y, pairs, delta, sq_dist, rng)
+            u, l = self._bounds(X, sq_dist, pct, rng)
+            K0_isqrt, rank = _inv_sqrt_psd(K0, self.rank_rtol)
+            if rank < c:
+                log.warning(
+                    "K0 is singular (rank %d of %d, duplicate or dependent basis points): "
+                    "learning on its range", rank, c,
+                )
+            used = np.unique(pairs_)
+            rows = take_rows(X, used)
+            kx = kern(rows, basis)  # (n_used, c)
+            psi = kx @ K0_isqrt
+            pos = np.searchsorted(used, pairs_)
+            V = psi[pos[:, 0]] - psi[pos[:, 1]]
+            diag = kern.diag(rows)
+            base = np.maximum(
+                diag[pos[:, 0]] + diag[pos[:, 1]]
+                - 2 * kern.paired(take_rows(rows, pos[:, 0]), take_rows(rows, pos[:, 1])),
+                0.0,
+            )
+            offsets = np.maximum(base - np.einsum("ij,ij->i", V, V), 0.0)
+            W = np.eye(c)
+            xi = np.where(delta_ > 0, u, l).astype(np.float64)
+            n_iter, conv = itml_explicit(
+                W, np.ascontiguousarray(V), delta_, xi, offsets, float(self.gamma),
+                int(self.max_iter), float(self.tol),
+            )
+            W = 0.5 * (W + W.T)
+            S = K0_isqrt @ (_sqrt_psd(W) - np.eye(c)) @ K0_isqrt
+            self.W_ = W
+            self.K_ = None
+        log.info("kernel ITML (%s route): c=%d, %d constraints, %d passes, conv %.2e",
+                 self.route, c, len(pairs_), n_iter, conv)
+        self.basis_index_ = bidx
+        self.basis_ = basis
+        self.K0_ = K0
+        self.S_ = S
+        self.bounds_ = (u, l)
+        self.pairs_, self.delta_ = pairs_, delta_
+        self.n_iter_, self.conv_ = n_iter, conv
+        self.d_ = X.shape[1] if not isinstance(X, SparseBlock) else None
+        return self
+
+    def metric(self, d: int | None = None) -> ImplicitMetric:
+        if not hasattr(self, "S_"):
+            raise NotFittedError("this KernelITML is not fitted yet; call fit(X, y) first")
+        dim = self.d_ if self.d_ is not None else d
+        if dim is None:
+            raise InputError("give d (the feature space size) for a metric over sparse rows")
+        return ImplicitMetric(self.basis_, self.S_, kernel=self.kernel, d=dim)

@@ -1,0 +1,148 @@
+"""Learned metrics as objects: distances, similarities, and what the hash functions need."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lshdist.blocks import SparseBlock, as_block, n_rows
+from lshdist.errors import InputError
+from lshdist.metric.kernels import get_kernel
+
+
+def _check_dense_dim(X, d: int) -> np.ndarray:
+    if isinstance(X, SparseBlock):
+        raise InputError("this metric was learned on dense data, but sparse rows were given")
+    X = as_block(X)
+    if X.ndim != 2 or X.shape[1] != d:
+        raise InputError(
+            f"X has {X.shape[-1] if X.ndim else 0} features, but the model was learned on {d}"
+        )
+    return X
+
+
+def sq_euclidean(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Pairwise squared L2 distances, float64 (n_A, n_B), never negative."""
+    A = np.asarray(A, np.float64)
+    B = np.asarray(B, np.float64)
+    D = np.einsum("ij,ij->i", A, A)[:, None] + np.einsum("ij,ij->i", B, B)[None, :] - 2 * A @ B.T
+    return np.maximum(D, 0.0)
+
+
+class ExplicitMetric:
+    """``d_A(x, y) = (x-y)^T A (x-y)`` with ``A = G^T G`` (d x d).
+
+    Parameters
+    ----------
+    A : float64 (d, d), symmetric positive definite
+    """
+
+    kind = "explicit"
+
+    def __init__(self, A: np.ndarray):
+        A = np.asarray(A, np.float64)
+        A = 0.5 * (A + A.T)
+        self.A = A
+        try:
+            self.G = np.linalg.cholesky(A).T  # A = L L^T, G = L^T  =>  G^T G = A
+        except np.linalg.LinAlgError:
+            w, U = np.linalg.eigh(A)
+            if w.min() < -1e-8 * max(1.0, w.max()):
+                raise InputError(
+                    f"the metric matrix is not positive semi-definite (eigenvalue {w.min():.3g})"
+                ) from None
+            self.G = (U * np.sqrt(np.maximum(w, 0))).T @ U.T
+        self.d = A.shape[0]
+
+    @classmethod
+    def identity(cls, d: int) -> "ExplicitMetric":
+        return cls(np.eye(d))
+
+    def check(self, X) -> np.ndarray:
+        return _check_dense_dim(X, self.d)
+
+    def transform(self, X) -> np.ndarray:
+        """``G x`` for every row: float32 (n, d).  L2 on these equals ``d_A``."""
+        X = self.check(X)
+        return np.ascontiguousarray((X.astype(np.float64) @ self.G.T).astype(np.float32))
+
+    def pairwise(self, X, Y) -> np.ndarray:
+        """``d_A(x_i, y_j)`` for all pairs: float64 (n_X, n_Y)."""
+        return sq_euclidean(self.transform(X), self.transform(Y))
+
+    def similarity(self, X, Y) -> np.ndarray:
+        """``s_A(x_i, y_j) = x_i^T A y_j``."""
+        X, Y = self.check(X).astype(np.float64), self.check(Y).astype(np.float64)
+        return X @ self.A @ Y.T
+
+
+class ImplicitMetric:
+    """``A = G^T G`` with ``G = I + Phi S Phi^T`` over c basis points (kernelized ITML).
+
+    ``d_A(x, q) = ||phi(x) - phi(q)||^2 + (k_x - k_q)^T Q (k_x - k_q)`` with ``k_x = Phi^T phi(x)``
+    and ``Q = S + S^T + S^T K0 S`` (expanding ``G^T G``).
+
+    Parameters
+    ----------
+    basis : rows (dense float32 array or `SparseBlock`), c of them
+    S : float64 (c, c)
+    kernel : str, base kernel name
+    d : int, dimension of the input space
+    """
+
+    kind = "implicit"
+
+    def __init__(self, basis, S: np.ndarray, *, kernel: str = "linear", d: int):
+        self.basis = as_block(basis)
+        self.S = np.asarray(S, np.float64)
+        self.kernel_name = kernel
+        self.kernel = get_kernel(kernel)
+        self.d = int(d)
+        self.K0 = self.kernel(self.basis, self.basis)
+        self.Q = self.S + self.S.T + self.S.T @ self.K0 @ self.S
+        self.c = n_rows(self.basis)
+
+    @classmethod
+    def identity(cls, basis, *, kernel: str = "linear", d: int) -> "ImplicitMetric":
+        c = n_rows(basis)
+        return cls(basis, np.zeros((c, c)), kernel=kernel, d=d)
+
+    def check(self, X):
+        X = as_block(X)
+        if isinstance(X, SparseBlock) != isinstance(self.basis, SparseBlock):
+            raise InputError(
+                "the model was learned on "
+                + ("sparse" if isinstance(self.basis, SparseBlock) else "dense")
+                + " data; give rows of the same kind"
+            )
+        if not isinstance(X, SparseBlock) and X.shape[1] != self.d:
+            raise InputError(f"X has {X.shape[1]} features, but the model was learned on {self.d}")
+        return X
+
+    def kernel_values(self, X) -> np.ndarray:
+        """``k_x = Phi^T phi(x)`` for every row: float64 (n, c)."""
+        return self.kernel(self.check(X), self.basis)
+
+    def pairwise(self, X, Y) -> np.ndarray:
+        """``d_A(x_i, y_j)``: float64 (n_X, n_Y)."""
+        X, Y = self.check(X), self.check(Y)
+        base = self.kernel.diag(X)[:, None] + self.kernel.diag(Y)[None, :] - 2 * self.kernel(X, Y)
+        kx, ky = self.kernel(X, self.basis), self.kernel(Y, self.basis)
+        Qx, Qy = kx @ self.Q, ky @ self.Q
+        learned = (
+            np.einsum("ij,ij->i", Qx, kx)[:, None]
+            + np.einsum("ij,ij->i", Qy, ky)[None, :]
+            - 2 * Qx @ ky.T
+        )
+        return np.maximum(base + learned, 0.0)
+
+    def similarity(self, X, Y) -> np.ndarray:
+        """``s_A(x, y) = phi(x)^T A phi(y) = k(x, y) + k_x^T Q k_y``."""
+        X, Y = self.check(X), self.check(Y)
+        return self.kernel(X, Y) + self.kernel(X, self.basis) @ self.Q @ self.kernel(Y, self.basis).T
+
+    def explicit_G(self) -> np.ndarray:
+        """``G = I + Phi S Phi^T`` as a d x d matrix (dense linear kernel only; for tests)."""
+        if self.kernel_name != "linear" or isinstance(self.basis, SparseBlock):
+            raise InputError("an explicit G exists only for the linear kernel on dense data")
+        Phi = np.asarray(self.basis, np.float64).T
+        return np.eye(self.d) + Phi @ self.S @ Phi.T
