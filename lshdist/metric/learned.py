@@ -52,6 +52,7 @@ class ExplicitMetric:
                 ) from None
             self.G = (U * np.sqrt(np.maximum(w, 0))).T @ U.T
         self.d = A.shape[0]
+        self.is_identity = bool(np.array_equal(A, np.eye(self.d)))
 
     @classmethod
     def identity(cls, d: int) -> "ExplicitMetric":
@@ -63,6 +64,8 @@ class ExplicitMetric:
     def transform(self, X) -> np.ndarray:
         """``G x`` for every row: float32 (n, d).  L2 on these equals ``d_A``."""
         X = self.check(X)
+        if self.is_identity:
+            return X
         return np.ascontiguousarray((X.astype(np.float64) @ self.G.T).astype(np.float32))
 
     def pairwise(self, X, Y) -> np.ndarray:
@@ -100,6 +103,7 @@ class ImplicitMetric:
         self.K0 = self.kernel(self.basis, self.basis)
         self.Q = self.S + self.S.T + self.S.T @ self.K0 @ self.S
         self.c = n_rows(self.basis)
+        self.is_identity = not self.S.any()
 
     @classmethod
     def identity(cls, basis, *, kernel: str = "linear", d: int) -> "ImplicitMetric":

@@ -1,0 +1,97 @@
+"""Counter-based Gaussians, sign packing and permuted key prefixes.
+
+Key layout: bit ``i`` of a b-bit key is bit ``63 - (i % 64)`` of word ``i // 64`` (most
+significant first), so comparing words lexicographically compares keys bit by bit.
+"""
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_ONE = np.uint64(1)
+_TWO53 = 1.0 / 9007199254740992.0
+
+
+@njit(cache=True, nogil=True)
+def splitmix64(x):
+    """One step of SplitMix64 (Steele et al. 2014) as a stateless mixing function."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, nogil=True)
+def gaussian_rows(seed, features, bits):
+    """``r[bit, f]`` for every feature id in ``features``: float64 (len(features), bits).
+
+    Entry ``(i, t)`` is a standard normal that depends only on ``(seed, t, features[i])``
+    (Box-Muller over two SplitMix64 outputs), so any worker generates the same hash
+    coefficients for the features it sees, and nothing of size bits x d is ever stored.
+    """
+    n = features.shape[0]
+    out = np.empty((n, bits))
+    s = splitmix64(np.uint64(seed))
+    for i in range(n):
+        key = splitmix64(s ^ features[i])
+        for t in range((bits + 1) // 2):
+            z1 = splitmix64(key + np.uint64(2 * t) * _GOLDEN)
+            z2 = splitmix64(key + np.uint64(2 * t + 1) * _GOLDEN)
+            u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
+            u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
+            rad = np.sqrt(-2.0 * np.log(u1))
+            out[i, 2 * t] = rad * np.cos(2.0 * np.pi * u2)
+            if 2 * t + 1 < bits:
+                out[i, 2 * t + 1] = rad * np.sin(2.0 * np.pi * u2)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def pack_signs(P):
+    """``[P >= 0]`` packed into uint64 words: (n, b) float -> (n, ceil(b/64)) uint64."""
+    n, b = P.shape
+    w = (b + 63) // 64
+    out = np.zeros((n, w), dtype=np.uint64)
+    for r in range(n):
+        for i in range(b):
+            if P[r, i] >= 0:
+                out[r, i >> 6] |= _ONE << np.uint64(63 - (i & 63))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def permuted_prefix(codes, positions):
+    """The first ``len(positions)`` (<= 64) bits of each key under a permutation.
+
+    ``positions[j]`` is the key bit that becomes bit ``j`` of the prefix (MSB first).
+    Returns uint64 (n,).
+    """
+    n = codes.shape[0]
+    L = positions.shape[0]
+    out = np.zeros(n, dtype=np.uint64)
+    for r in range(n):
+        v = np.uint64(0)
+        for j in range(L):
+            p = positions[j]
+            bit = (codes[r, p >> 6] >> np.uint64(63 - (p & 63))) & _ONE
+            v |= bit << np.uint64(63 - j)
+        out[r] = v
+    return out
+
+
+@njit(cache=True, nogil=True)
+def hamming(a, b):
+    """Hamming distance between two packed keys (1-d uint64 arrays)."""
+    d = 0
+    for i in range(a.shape[0]):
+        x = a[i] ^ b[i]
+        while x:
+            x &= x - _ONE
+            d += 1
+    return d

@@ -1,0 +1,176 @@
+"""Permutation-list search (Charikar 2002): window lookups, candidate sets, exact re-rank."""
+
+import numpy as np
+from numba import njit
+
+from lshdist._kernels.hashing import hamming
+
+
+@njit(cache=True, nogil=True)
+def _fill_window(out, q, m, W, pos, sorted_rows_m):
+    N = sorted_rows_m.shape[0]
+    base = m * 2 * W
+    lo = pos - W
+    for t in range(2 * W):
+        j = lo + t
+        if 0 <= j < N:
+            out[q, base + t] = sorted_rows_m[j]
+
+
+@njit(cache=True, nogil=True)
+def window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W):
+    """Per-query binary search: the W entries on each side of every query in every list.
+
+    sorted_prefix : uint64 (M, N); sorted_rows : int64 (M, N); qprefix : uint64 (M, Q)
+    Returns int64 (Q, M*2W), -1 where a window runs past an end of a list.
+    """
+    M, N = sorted_prefix.shape
+    Q = qprefix.shape[1]
+    out = np.full((Q, M * 2 * W), -1, dtype=np.int64)
+    for q in range(Q):
+        for m in range(M):
+            pos = np.searchsorted(sorted_prefix[m], qprefix[m, q])  # side='left'
+            _fill_window(out, q, m, W, pos, sorted_rows[m])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W):
+    """Bulk lookup by sort-merge: the queries, sorted under each permutation (``qorder``),
+    are merged with the sorted list in one sequential pass.  Same output as
+    `window_candidates_bsearch`.
+    """
+    M, N = sorted_prefix.shape
+    Q = qprefix.shape[1]
+    out = np.full((Q, M * 2 * W), -1, dtype=np.int64)
+    for m in range(M):
+        ptr = 0
+        lst = sorted_prefix[m]
+        for t in range(Q):
+            q = qorder[m, t]
+            v = qprefix[m, q]
+            while ptr < N and lst[ptr] < v:
+                ptr += 1
+            _fill_window(out, q, m, W, ptr, sorted_rows[m])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def collect_candidates(cand, codes, qcodes, keep):
+    """De-duplicate each query's candidates; optionally keep the ``keep`` nearest in Hamming
+    distance of the full keys (0 keeps all).
+
+    Returns offsets int64 (Q+1,), rows int64 (offsets[-1],) sorted per query (by Hamming
+    distance, then row, when filtered; by row otherwise), distinct int64 (Q,).
+    """
+    Q, T = cand.shape
+    rows = np.empty(Q * T, dtype=np.int64)
+    offsets = np.zeros(Q + 1, dtype=np.int64)
+    distinct = np.zeros(Q, dtype=np.int64)
+    pos = 0
+    buf = np.empty(T, dtype=np.int64)
+    ham = np.empty(T, dtype=np.int64)
+    for q in range(Q):
+        s = np.sort(cand[q])
+        n = 0
+        prev = -1
+        for t in range(T):
+            v = s[t]
+            if v >= 0 and v != prev:
+                buf[n] = v
+                n += 1
+                prev = v
+        distinct[q] = n
+        if keep > 0 and n > keep:
+            for t in range(n):
+                ham[t] = hamming(codes[buf[t]], qcodes[q])
+            order = np.argsort(ham[:n], kind="mergesort")
+            for t in range(keep):
+                rows[pos + t] = buf[order[t]]
+            n = keep
+        else:
+            for t in range(n):
+                rows[pos + t] = buf[t]
+        pos += n
+        offsets[q + 1] = pos
+    return offsets, rows[:pos].copy(), distinct
+
+
+@njit(cache=True, nogil=True)
+def _topk(dist, rows, k, out_d, out_r, q):
+    n = dist.shape[0]
+    order = np.argsort(dist, kind="mergesort")
+    for t in range(min(k, n)):
+        out_d[q, t] = dist[order[t]]
+        out_r[q, t] = rows[order[t]]
+
+
+@njit(cache=True, nogil=True)
+def rerank_dense(offsets, rows, Z, Zq, k):
+    """Exact ``||z - z_q||^2`` of every candidate, top-k ascending (ties by row).
+
+    Z : float32 (N, d) database payload (``Gx`` or ``x``); Zq : float32 (Q, d).
+    Returns float32 (Q, k) distances (inf padded) and int64 (Q, k) rows (-1 padded).
+    """
+    Q = Zq.shape[0]
+    d = Z.shape[1]
+    out_d = np.full((Q, k), np.inf, dtype=np.float32)
+    out_r = np.full((Q, k), -1, dtype=np.int64)
+    for q in range(Q):
+        lo, hi = offsets[q], offsets[q + 1]
+        r = rows[lo:hi]
+        dist = np.empty(hi - lo)
+        for t in range(hi - lo):
+            s = 0.0
+            zr = Z[r[t]]
+            for j in range(d):
+                diff = np.float64(zr[j]) - np.float64(Zq[q, j])
+                s += diff * diff
+            dist[t] = s
+        _topk(dist, r, k, out_d, out_r, q)
+    return out_d, out_r
+
+
+@njit(cache=True, nogil=True)
+def _sparse_dot(ia, xa, ib, xb):
+    """Dot product of two sparse rows with sorted uint64 feature ids."""
+    i = 0
+    j = 0
+    s = 0.0
+    while i < ia.shape[0] and j < ib.shape[0]:
+        if ia[i] == ib[j]:
+            s += np.float64(xa[i]) * np.float64(xb[j])
+            i += 1
+            j += 1
+        elif ia[i] < ib[j]:
+            i += 1
+        else:
+            j += 1
+    return s
+
+
+@njit(cache=True, nogil=True)
+def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindices, qdata, zq, sq, k):
+    """Exact implicit learned distance of every candidate, top-k ascending.
+
+    ``d = sx[i] + sq[q] - 2 (x_i^T q + kx[i]^T zq[q])`` where ``sx = ||x||^2 + k_x^T Q k_x``,
+    ``zq = Q k_q``; database rows are CSR over sorted uint64 feature ids.
+    """
+    Q = sq.shape[0]
+    c = kx.shape[1]
+    out_d = np.full((Q, k), np.inf, dtype=np.float32)
+    out_r = np.full((Q, k), -1, dtype=np.int64)
+    for q in range(Q):
+        lo, hi = offsets[q], offsets[q + 1]
+        r = rows[lo:hi]
+        qi = qindices[qindptr[q] : qindptr[q + 1]]
+        qv = qdata[qindptr[q] : qindptr[q + 1]]
+        dist = np.empty(hi - lo)
+        for t in range(hi - lo):
+            i = r[t]
+            s = _sparse_dot(indices[indptr[i] : indptr[i + 1]], data[indptr[i] : indptr[i + 1]], qi, qv)
+            for j in range(c):
+                s += np.float64(kx[i, j]) * zq[q, j]
+            dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
+        _topk(dist, r, k, out_d, out_r, q)
+    return out_d, out_r

@@ -1,0 +1,138 @@
+"""Hash families (ARCHITECTURE.md section 2): one interface, fit-free, cheap to broadcast.
+
+Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ceil(b/64))``.
+``project(X) -> (n, b)`` gives the real values whose signs are the bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lshdist._kernels.hashing import gaussian_rows, pack_signs
+from lshdist.blocks import SparseBlock, as_block
+from lshdist.errors import InputError
+from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
+
+MAX_BITS = 4096
+
+
+def check_bits(bits: int) -> int:
+    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or not 1 <= bits <= MAX_BITS:
+        raise InputError(f"bits={bits!r}: the number of hash bits must be an integer in 1..{MAX_BITS}")
+    return int(bits)
+
+
+def gaussian_matrix(seed: int, d: int, bits: int) -> np.ndarray:
+    """``R`` (bits x d) of the counter-based Gaussians for features ``0..d-1``."""
+    return np.ascontiguousarray(gaussian_rows(np.uint64(seed), np.arange(d, dtype=np.uint64), bits).T)
+
+
+def sparse_projection(X: SparseBlock, seed: int, bits: int) -> np.ndarray:
+    """``R phi(x)`` for sparse rows: Gaussians generated only for the block's features."""
+    Rf = gaussian_rows(np.uint64(seed), X.features, bits)  # (f, bits)
+    return np.asarray(X.matrix.astype(np.float64) @ Rf)
+
+
+class HashFamily:
+    """Base: b bits from ``project``."""
+
+    name = "base"
+    bits: int
+    seed: int
+
+    def project(self, X) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def hash(self, X) -> np.ndarray:
+        """Packed keys, uint64 (n, ceil(bits / 64))."""
+        return pack_signs(np.ascontiguousarray(self.project(X)))
+
+    @property
+    def n_words(self) -> int:
+        return (self.bits + 63) // 64
+
+
+class RandomHyperplanes(HashFamily):
+    """Charikar's ``h_r(x) = [r^T x >= 0]``, the unlearned baseline (dense or sparse rows)."""
+
+    name = "charikar"
+
+    def __init__(self, *, d: int, bits: int, seed: int = 0):
+        self.d = int(d)
+        self.bits = check_bits(bits)
+        self.seed = int(seed)
+        self._R = None
+
+    def project(self, X) -> np.ndarray:
+        X = as_block(X)
+        if isinstance(X, SparseBlock):
+            return sparse_projection(X, self.seed, self.bits)
+        if X.shape[1] != self.d:
+            raise InputError(f"X has {X.shape[1]} features, but the hash family has d={self.d}")
+        if self._R is None:
+            self._R = gaussian_matrix(self.seed, self.d, self.bits)
+        return X.astype(np.float64) @ self._R.T
+
+
+class LearnedExplicit(HashFamily):
+    """``h_{r,A}(x) = [r^T G x >= 0]`` with ``RG`` (b x d) precomputed (eq. 10)."""
+
+    name = "learned-explicit"
+
+    def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):
+        self.metric = metric
+        self.bits = check_bits(bits)
+        self.seed = int(seed)
+        self.RG = gaussian_matrix(self.seed, metric.d, self.bits) @ metric.G
+
+    def project(self, X) -> np.ndarray:
+        X = self.metric.check(X)
+        return X.astype(np.float64) @ self.RG.T
+
+
+class LearnedImplicit(HashFamily):
+    """``h(phi(x)) = [r^T phi(x) + sum_j gamma^r_j k(x_j, x) >= 0]`` (eq. 11).
+
+    ``gamma^r = S^T (Phi^T r)``, one column per bit in ``Gamma`` (c x b).  For sparse rows the
+    entries of r are counter-based Gaussians generated only at the input's features.
+    """
+
+    name = "learned-implicit"
+
+    def __init__(self, metric: ImplicitMetric, *, bits: int, seed: int = 0):
+        self.metric = metric
+        self.bits = check_bits(bits)
+        self.seed = int(seed)
+        self._dense_R = None
+        PhiR = self._direct(metric.basis)  # (c, b): Phi^T r for every bit
+        self.Gamma = metric.S.T @ PhiR
+
+    def _direct(self, X) -> np.ndarray:
+        if isinstance(X, SparseBlock):
+            return sparse_projection(X, self.seed, self.bits)
+        if self._dense_R is None:
+            self._dense_R = gaussian_matrix(self.seed, self.metric.d, self.bits)
+        return np.asarray(X, np.float64) @ self._dense_R.T
+
+    def project_with(self, X, kx: np.ndarray | None) -> np.ndarray:
+        """Projection when the kernel values ``kx`` (n, c) are already computed (None: S = 0)."""
+        P = self._direct(X)
+        return P if kx is None else P + kx @ self.Gamma
+
+    def hash_with(self, X, kx: np.ndarray | None) -> np.ndarray:
+        return pack_signs(np.ascontiguousarray(self.project_with(X, kx)))
+
+    def project(self, X) -> np.ndarray:
+        X = self.metric.check(X)
+        return self.project_with(X, self.metric.kernel_values(X))
+
+
+def family_for(metric, *, bits: int, seed: int = 0, learned: bool = True) -> HashFamily:
+    """The hash family of a metric: learned (default) or Charikar's baseline."""
+    if not learned:
+        return RandomHyperplanes(d=metric.d, bits=bits, seed=seed)
+    if isinstance(metric, ExplicitMetric):
+        return LearnedExplicit(metric, bits=bits, seed=seed)
+    if isinstance(metric, ImplicitMetric):
+        return LearnedImplicit(metric, bits=bits, seed=seed)
+    raise InputError(f"no hash family for {type(metric).__name__}")

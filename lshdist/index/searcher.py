@@ -1,0 +1,82 @@
+"""`MetricIndex`: a learned metric, its hash family and a `PermutationIndex`, in one process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lshdist.blocks import as_block
+from lshdist.errors import InputError, NotFittedError
+from lshdist.hashing.families import LearnedImplicit, family_for
+from lshdist.index.payload import make_payload
+from lshdist.index.permutation import PermutationIndex
+from lshdist.index.scan import scan_topk
+from lshdist.metric.learned import ImplicitMetric
+
+MODES = ("hash", "scan")
+
+
+def encode(metric, family, X, *, query: bool = False):
+    """Keys and re-rank payload of rows ``X``; kernel values are computed once for both."""
+    X = metric.check(as_block(X))
+    kx = None
+    if isinstance(metric, ImplicitMetric) and not metric.is_identity:
+        kx = metric.kernel_values(X)
+    if isinstance(family, LearnedImplicit):
+        codes = family.hash_with(X, kx)
+    else:
+        codes = family.hash(X)
+    return codes, make_payload(metric, X, query=query, kx=kx)
+
+
+def permutation_seed(seed: int) -> int:
+    """The permutations' seed, distinct from the hash coefficients' seed."""
+    return int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
+
+
+class MetricIndex:
+    """Hash-and-search (or scan) under a metric; scikit-learn-shaped ``fit`` / ``query``.
+
+    Parameters
+    ----------
+    metric : `ExplicitMetric` or `ImplicitMetric` (identity ones give the L2 baselines)
+    bits : b, key length
+    n_permutations, epsilon, window, hamming_keep : see `PermutationIndex`
+    learned : learned hash functions (True) or Charikar's baseline (False)
+    seed : seeds the hash coefficients and the permutations
+    """
+
+    def __init__(self, metric, *, bits: int = 256, n_permutations: int | None = None,
+                 epsilon: float | None = None, window: int = 1, hamming_keep: int = 0,
+                 learned: bool = True, seed: int = 0):
+        self.metric = metric
+        self.bits = bits
+        self.n_permutations = n_permutations
+        self.epsilon = epsilon
+        self.window = window
+        self.hamming_keep = hamming_keep
+        self.learned = learned
+        self.seed = seed
+
+    def fit(self, X, ids=None) -> "MetricIndex":
+        self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed, learned=self.learned)
+        codes, payload = encode(self.metric, self.family_, X)
+        self.index_ = PermutationIndex(
+            n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
+            hamming_keep=self.hamming_keep, seed=permutation_seed(self.seed),
+        ).fit(codes, self.family_.bits, payload, ids)
+        return self
+
+    def query(self, Xq, k: int, *, mode: str = "hash", bulk: bool = True, n_threads: int = 1):
+        """``(distances, ids)``, each (Q, k), ascending.  ``self.stats_`` holds per-query
+        candidate counts of the last hashed query."""
+        if not hasattr(self, "index_"):
+            raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
+        if mode not in MODES:
+            raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+        qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
+        if mode == "scan":
+            return scan_topk(self.index_.payload_, qpayload, k, ids=self.index_.ids_,
+                             n_threads=n_threads)
+        dist, ids, self.stats_ = self.index_.search(qcodes, qpayload, k, bulk=bulk,
+                                                    n_threads=n_threads)
+        return dist, ids
