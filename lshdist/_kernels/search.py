@@ -60,26 +60,29 @@ def collect_candidates(cand, codes, qcodes, keep):
     """De-duplicate each query's candidates; optionally keep the ``keep`` nearest in Hamming
     distance of the full keys (0 keeps all).
 
-    Returns offsets int64 (Q+1,), rows int64 (offsets[-1],) sorted per query (by Hamming
-    distance, then row, when filtered; by row otherwise), distinct int64 (Q,).
+    Candidates keep the order in which the lists found them (a stamp array, O(1) per entry,
+    instead of a sort); the Hamming selection is a stable sort over that order, so the result
+    depends only on the query's candidate row.
+
+    Returns offsets int64 (Q+1,), rows int64 (offsets[-1],), distinct int64 (Q,).
     """
     Q, T = cand.shape
-    rows = np.empty(Q * T, dtype=np.int64)
+    N = codes.shape[0]
+    mark = np.full(N, -1, dtype=np.int64)
+    rows = np.empty(Q * min(T, N), dtype=np.int64)
     offsets = np.zeros(Q + 1, dtype=np.int64)
     distinct = np.zeros(Q, dtype=np.int64)
     pos = 0
     buf = np.empty(T, dtype=np.int64)
     ham = np.empty(T, dtype=np.int64)
     for q in range(Q):
-        s = np.sort(cand[q])
         n = 0
-        prev = -1
         for t in range(T):
-            v = s[t]
-            if v >= 0 and v != prev:
+            v = cand[q, t]
+            if v >= 0 and mark[v] != q:
+                mark[v] = q
                 buf[n] = v
                 n += 1
-                prev = v
         distinct[q] = n
         if keep > 0 and n > keep:
             for t in range(n):
@@ -105,6 +108,15 @@ def _topk(dist, rows, k, out_d, out_r, q):
         out_r[q, t] = rows[order[t]]
 
 
+@njit(cache=True, nogil=True, fastmath=True)
+def _sq_dist_f32(a, b):
+    s = np.float32(0.0)
+    for j in range(a.shape[0]):
+        diff = a[j] - b[j]
+        s += diff * diff
+    return s
+
+
 @njit(cache=True, nogil=True)
 def rerank_dense(offsets, rows, Z, Zq, k):
     """Exact ``||z - z_q||^2`` of every candidate, top-k ascending (ties by row).
@@ -120,13 +132,9 @@ def rerank_dense(offsets, rows, Z, Zq, k):
         lo, hi = offsets[q], offsets[q + 1]
         r = rows[lo:hi]
         dist = np.empty(hi - lo)
+        zq = Zq[q]
         for t in range(hi - lo):
-            s = 0.0
-            zr = Z[r[t]]
-            for j in range(d):
-                diff = np.float64(zr[j]) - np.float64(Zq[q, j])
-                s += diff * diff
-            dist[t] = s
+            dist[t] = _sq_dist_f32(Z[r[t]], zq)
         _topk(dist, r, k, out_d, out_r, q)
     return out_d, out_r
 

@@ -57,10 +57,11 @@ class RandomHyperplanes(HashFamily):
 
     name = "charikar"
 
-    def __init__(self, *, d: int, bits: int, seed: int = 0):
+    def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None):
         self.d = int(d)
         self.bits = check_bits(bits)
         self.seed = int(seed)
+        self.center = center
         self._R = None
 
     def project(self, X) -> np.ndarray:
@@ -71,11 +72,13 @@ class RandomHyperplanes(HashFamily):
             raise InputError(f"X has {X.shape[1]} features, but the hash family has d={self.d}")
         if self._R is None:
             self._R = gaussian_matrix(self.seed, self.d, self.bits)
-        return X.astype(np.float64) @ self._R.T
+            self._offset = 0.0 if self.center is None else self._R @ self.center
+        return X.astype(np.float64) @ self._R.T - self._offset
 
 
 class LearnedExplicit(HashFamily):
-    """``h_{r,A}(x) = [r^T G x >= 0]`` with ``RG`` (b x d) precomputed (eq. 10)."""
+    """``h_{r,A}(x) = [r^T G (x - mu) >= 0]`` with ``RG`` (b x d) precomputed (eq. 10);
+    ``mu`` is the metric's centre (zero when it has none: the paper's form)."""
 
     name = "learned-explicit"
 
@@ -84,10 +87,12 @@ class LearnedExplicit(HashFamily):
         self.bits = check_bits(bits)
         self.seed = int(seed)
         self.RG = gaussian_matrix(self.seed, metric.d, self.bits) @ metric.G
+        c = metric.center
+        self.offset = np.zeros(self.bits) if c is None else self.RG @ c.astype(np.float64)
 
     def project(self, X) -> np.ndarray:
         X = self.metric.check(X)
-        return X.astype(np.float64) @ self.RG.T
+        return X.astype(np.float64) @ self.RG.T - self.offset
 
 
 class LearnedImplicit(HashFamily):
@@ -130,7 +135,8 @@ class LearnedImplicit(HashFamily):
 def family_for(metric, *, bits: int, seed: int = 0, learned: bool = True) -> HashFamily:
     """The hash family of a metric: learned (default) or Charikar's baseline."""
     if not learned:
-        return RandomHyperplanes(d=metric.d, bits=bits, seed=seed)
+        return RandomHyperplanes(d=metric.d, bits=bits, seed=seed,
+                                 center=getattr(metric, "center", None))
     if isinstance(metric, ExplicitMetric):
         return LearnedExplicit(metric, bits=bits, seed=seed)
     if isinstance(metric, ImplicitMetric):

