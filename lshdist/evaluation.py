@@ -112,3 +112,39 @@ def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4
                 }
                 records.append(rec)
     return records
+
+
+def sweep(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, param: str, values,
+          settings: HashSettings, k: int = 1, recall_k: int = 10,
+          n_classes: int | None = None) -> list[dict]:
+    """Hashed search for every value of one parameter (``bits``, ``window``, ``epsilon`` or
+    ``n_permutations``), L2 and ML: accuracy at ``k``, recall@``recall_k`` against the exact scan
+    (computed once per metric), fraction searched.  The data of the paper's Fig. 2 plots."""
+    from dataclasses import replace
+
+    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    n_classes = int(n_classes or max(y_train.max(), y_test.max()) + 1)
+    kmax = max(k, recall_k)
+    N = len(y_train)
+    out = []
+    for name, metric, learned in (("L2", l2_metric, False), ("ML", ml_metric, True)):
+        truth = None
+        for v in values:
+            s = replace(settings, **{param: v})
+            if param == "epsilon":
+                s = replace(s, n_permutations=None)
+            ix = MetricIndex(metric, bits=s.bits, n_permutations=s.n_permutations,
+                             epsilon=s.epsilon, window=s.window, hamming_keep=s.hamming_keep,
+                             learned=learned, seed=s.seed).fit(X_train)
+            if truth is None:
+                _, truth = ix.query(X_test, kmax, mode="scan", n_threads=s.n_threads)
+            _, ids = ix.query(X_test, kmax, mode="hash", n_threads=s.n_threads)
+            lab = np.where(ids >= 0, y_train[np.maximum(ids, 0)], -1)
+            out.append({
+                "setting": f"{name}-hash", "param": param, "value": v, "k": k,
+                "knn_accuracy": float((knn_predict(lab, k, n_classes) == y_test).mean()),
+                "recall_at_k": recall_at_k(ids, truth, recall_k), "recall_k": recall_k,
+                "fraction_searched": float(ix.stats_["reranked"].mean() / N),
+            })
+            log.info("sweep %s %s=%s: %s", name, param, v, out[-1])
+    return out

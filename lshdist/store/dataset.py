@@ -15,6 +15,7 @@ A shard is read alone: only the Zarr chunks that overlap its rows are fetched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -163,8 +164,12 @@ class Dataset:
             )
         try:
             attrs = json.loads(meta.read_text()).get("attributes", {})
-        except (json.JSONDecodeError, OSError) as exc:
-            raise FormatError(f"{str(self.path)!r}: zarr.json is corrupted ({exc})") from None
+            if not isinstance(attrs, dict):
+                raise TypeError("its attributes are not a JSON object")
+        except (ValueError, OSError, AttributeError, TypeError) as exc:  # incl. JSON, UTF-8
+            raise FormatError(
+                f"{str(self.path)!r}: zarr.json is corrupted ({exc}); re-ingest the dataset"
+            ) from None
         if attrs.get("format") != FORMAT:
             raise FormatError(
                 f"{str(self.path)!r} is a Zarr group but not an lshdist dataset "
@@ -248,21 +253,37 @@ class Dataset:
         }
 
     # -- data -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _reading(self, what: str):
+        # a damaged chunk surfaces as a codec error (RuntimeError, ValueError...): say so
+        try:
+            yield
+        except InputError:
+            raise
+        except Exception as exc:
+            raise FormatError(
+                f"{str(self.path)!r}: cannot read {what} ({type(exc).__name__}: {exc}); "
+                "the dataset is corrupted, re-ingest it"
+            ) from None
+
     def labels(self) -> np.ndarray | None:
-        return np.asarray(self._group["y"][:]) if "y" in self._group else None
+        with self._reading("y"):
+            return np.asarray(self._group["y"][:]) if "y" in self._group else None
 
     def ids(self) -> np.ndarray:
-        return np.asarray(self._group["ids"][:], dtype=np.int64)
+        with self._reading("ids"):
+            return np.asarray(self._group["ids"][:], dtype=np.int64)
 
     def read_rows(self, start: int, stop: int):
         """Rows ``start:stop``: a float32 array, or a `SparseBlock`."""
-        if self.kind == "dense":
-            return np.ascontiguousarray(self._group["X"][start:stop], dtype=np.float32)
-        indptr = np.asarray(self._group["X/indptr"][start : stop + 1], dtype=np.int64)
-        lo, hi = int(indptr[0]), int(indptr[-1])
-        indices = np.asarray(self._group["X/indices"][lo:hi], dtype=np.uint64)
-        data = np.asarray(self._group["X/data"][lo:hi], dtype=np.float32)
-        return SparseBlock.from_arrays(indptr - lo, indices, data)
+        with self._reading(f"rows {start}:{stop} of X"):
+            if self.kind == "dense":
+                return np.ascontiguousarray(self._group["X"][start:stop], dtype=np.float32)
+            indptr = np.asarray(self._group["X/indptr"][start : stop + 1], dtype=np.int64)
+            lo, hi = int(indptr[0]), int(indptr[-1])
+            indices = np.asarray(self._group["X/indices"][lo:hi], dtype=np.uint64)
+            data = np.asarray(self._group["X/data"][lo:hi], dtype=np.float32)
+            return SparseBlock.from_arrays(indptr - lo, indices, data)
 
     def read_shard(self, i: int):
         """Shard ``i`` alone (dense array or `SparseBlock`)."""

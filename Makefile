@@ -1,0 +1,44 @@
+# lshdist: two commands.  `make test` and `make demo` set everything up from plain Python.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SHARED_DATA := $(abspath ../shared/datasets)
+# the real datasets, when the shared folder exists beside this checkout
+ifneq ($(wildcard $(SHARED_DATA)),)
+export LSHDIST_DATA_DIR ?= $(SHARED_DATA)
+endif
+DEMO := out/demo
+
+.PHONY: test test-slow demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.bench: pyproject.toml $(VENV)/.test
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $@
+
+## the default test run (slow and multi-process tests excluded; see test-slow)
+test: $(VENV)/.test
+	$(BIN)/pytest
+
+## everything, including tests marked slow or cluster
+test-slow: $(VENV)/.test
+	$(BIN)/pytest -m ""
+
+## ingest the real datasets and evaluate the learned metric + hashing on them
+demo: $(VENV)/.test
+	bash scripts/demo.sh $(DEMO)
+
+## comparisons with metric-learn, FAISS and hnswlib (results in benchmarks/results/)
+bench: $(VENV)/.bench
+	$(BIN)/python benchmarks/bench_itml.py
+	$(BIN)/python benchmarks/bench_fashion.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -1,0 +1,114 @@
+"""``lshdist evaluate``: the paper's four settings on a train/test split, with plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import numpy as np
+
+from lshdist.blocks import SparseBlock
+from lshdist.errors import InputError
+from lshdist.evaluation import HashSettings, evaluate, sweep
+from lshdist.jobs.common import add_learner_options, int_list, positive_float, positive_int
+from lshdist.jobs.learn import learn
+from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
+from lshdist.plots import plot_bits, plot_recall
+from lshdist.store.atomic import atomic_dir
+from lshdist.store.dataset import Dataset
+from lshdist.store.model import load_model
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "evaluate", help="L2/ML x scan/hash: k-NN accuracy, recall, % searched, speed-up",
+        description="Learn a metric on TRAIN (or load --model), index TRAIN, query with TEST, "
+                    "and write DIR/summary.json plus PNG plots.")
+    p.add_argument("--train", required=True, metavar="DATASET")
+    p.add_argument("--test", required=True, metavar="DATASET")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--model", metavar="MODEL", help="a learned model (default: learn one)")
+    p.add_argument("--bits", type=positive_int, default=256, metavar="b")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--epsilon", type=positive_float, metavar="e",
+                   help="M = ceil(2 N^(1/(1+e))) permutations")
+    g.add_argument("--permutations", type=positive_int, metavar="M")
+    p.add_argument("--window", type=positive_int, default=8, metavar="W")
+    p.add_argument("--hamming-keep", type=int, default=0, metavar="H",
+                   help="re-rank only the H candidates nearest in Hamming distance (0: all)")
+    p.add_argument("--k", type=int_list, default=[1, 4], metavar="K[,K...]")
+    p.add_argument("--recall-k", type=positive_int, metavar="K",
+                   help="recall@K (default: each k)")
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--sweep-bits", type=int_list, default=[16, 32, 64, 128, 256], metavar="B,..",
+                   help="b values of the accuracy/%%searched plot")
+    p.add_argument("--sweep-window", type=int_list, default=[1, 2, 4, 8, 16], metavar="W,..",
+                   help="W values of the recall/%%searched plot")
+    p.add_argument("--no-plots", action="store_true", help="skip the sweeps and plots")
+    p.add_argument("--overwrite", action="store_true")
+    add_learner_options(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _baseline(ml, X_train):
+    if isinstance(ml, ExplicitMetric):
+        return ExplicitMetric.identity(ml.d, center=np.asarray(X_train).mean(axis=0))
+    return ImplicitMetric.identity(ml.basis, kernel=ml.kernel_name, d=ml.d)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lshdist.store.atomic import check_output
+
+    check_output(args.out, args.overwrite)
+    train, test = Dataset(args.train), Dataset(args.test)
+    if train.kind != test.kind:
+        raise InputError(f"train is {train.kind} but test is {test.kind}; ingest both alike")
+    if train.kind == "dense" and train.d != test.d:
+        raise InputError(f"test has {test.d} features, train has {train.d}")
+    y_train, y_test = train.labels(), test.labels()
+    if y_train is None or y_test is None:
+        raise InputError("evaluate needs labelled train and test datasets")
+    if train.classes != test.classes:
+        raise InputError("train and test have different class lists; ingest them with the same labels")
+    if args.model:
+        ml, meta = load_model(args.model)
+        learn_info = {"model": args.model, **meta.get("params", {})}
+    else:
+        ml, learn_info, _ = learn(train, args)
+    X_train, X_test = train.read_all(), test.read_all()
+    l2 = _baseline(ml, X_train)
+    settings = HashSettings(bits=args.bits, epsilon=args.epsilon, n_permutations=args.permutations,
+                            window=args.window, hamming_keep=args.hamming_keep, seed=args.seed,
+                            n_threads=args.threads)
+    n_classes = len(train.classes) if train.classes else None
+    records = evaluate(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml, ks=args.k,
+                       settings=settings, n_classes=n_classes, recall_k=args.recall_k)
+    with atomic_dir(args.out, overwrite=args.overwrite) as tmp:
+        (tmp / "summary.json").write_text(json.dumps(records, indent=2))
+        (tmp / "learning.json").write_text(json.dumps(learn_info, indent=2, default=str))
+        if not args.no_plots:
+            rk = args.recall_k or 10
+            bits = sweep(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml,
+                         param="bits", values=args.sweep_bits, settings=settings, k=min(args.k),
+                         recall_k=rk, n_classes=n_classes)
+            wins = sweep(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml,
+                         param="window", values=args.sweep_window, settings=settings,
+                         k=min(args.k), recall_k=rk, n_classes=n_classes)
+            (tmp / "sweeps.json").write_text(json.dumps(bits + wins, indent=2))
+            plot_bits(bits, records, tmp / "accuracy_vs_bits.png")
+            plot_recall(wins, tmp / "recall_vs_searched.png")
+    _print_table(records)
+    return 0
+
+
+def _print_table(records: list[dict]) -> None:
+    print(f"{'setting':<8} {'k':>3} {'accuracy':>9} {'recall':>7} {'%searched':>10} "
+          f"{'speedup':>8} {'seconds':>8}")
+    for r in records:
+        print(f"{r['setting']:<8} {r['k']:>3} {100 * r['knn_accuracy']:>8.2f}% "
+              f"{r['recall_at_k']:>7.3f} {100 * r['fraction_searched']:>9.2f}% "
+              f"{r['speedup']:>8.2f} {r['seconds']:>8.2f}")

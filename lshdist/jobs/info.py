@@ -1,0 +1,100 @@
+"""``lshdist info PATH``: what a dataset (later also a model or an index) holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+from lshdist.errors import FormatError, InputError
+from lshdist.store.dataset import FORMAT as DATASET_FORMAT
+from lshdist.store.dataset import Dataset
+
+_MAX_CLASS_NAMES = 30
+
+
+def describe_dataset(path: Path) -> dict:
+    ds = Dataset(path)
+    info = {"format": f"{DATASET_FORMAT} v{ds.attrs['version']}", **ds.summary()}
+    info["class_names"] = ds.classes
+    if "text" in ds.attrs:
+        info["text"] = ds.attrs["text"]
+    if "source" in ds.attrs:
+        info["source"] = ds.attrs["source"]
+    return info
+
+
+#: directory kinds by the ``format`` they declare; a model or index adds its entry here
+DESCRIBERS: dict[str, Callable[[Path], dict]] = {DATASET_FORMAT: describe_dataset}
+#: where each directory kind keeps its ``format``: Zarr group attributes or a JSON manifest
+_MANIFESTS = ("zarr.json", "model.json", "index.json")
+_REDO = "write it again (a dataset with `lshdist ingest`)"
+
+
+def directory_format(path: Path) -> str | None:
+    """The ``format`` a directory declares (None if it has a manifest without one)."""
+    if not path.exists():
+        raise InputError(f"{str(path)!r} does not exist")
+    for name in _MANIFESTS:
+        manifest = path / name
+        if manifest.is_file():
+            try:
+                meta = json.loads(manifest.read_text())
+            except (json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
+                raise FormatError(f"{str(path)!r}: {name} is corrupted ({exc}); {_REDO}") from None
+            if not isinstance(meta, dict):
+                raise FormatError(
+                    f"{str(path)!r}: {name} is corrupted (not a JSON object); {_REDO}"
+                )
+            attrs = meta.get("attributes", {}) if name == "zarr.json" else meta
+            return attrs.get("format") if isinstance(attrs, dict) else None
+    raise FormatError(
+        f"{str(path)!r} is not an lshdist dataset, model or index (none of "
+        f"{', '.join(_MANIFESTS)} found)"
+    )
+
+
+def describe(path: str | Path) -> dict:
+    path = Path(path)
+    fmt = directory_format(path)
+    if fmt not in DESCRIBERS and (path / "zarr.json").is_file():
+        Dataset(path)  # raises the dataset reader's own message for a foreign Zarr group
+    if fmt not in DESCRIBERS:
+        raise FormatError(
+            f"{str(path)!r} declares format {fmt!r}; lshdist info knows "
+            f"{', '.join(sorted(DESCRIBERS))}: was it written by another program?"
+        )
+    return DESCRIBERS[fmt](path)
+
+
+def _text(info: dict) -> str:
+    rows = []
+    for key, value in info.items():
+        if key == "d" and value == 2**64:
+            value = f"{value} (hashed 64-bit feature ids)"
+        elif key == "class_names" and value is not None:
+            shown = value[:_MAX_CLASS_NAMES]
+            more = f" ... (+{len(value) - len(shown)})" if len(value) > len(shown) else ""
+            value = " ".join(shown) + more
+        elif isinstance(value, dict):
+            value = json.dumps(value)
+        elif value is None:
+            value = "-"
+        rows.append((key, str(value)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("info", help="describe a dataset")
+    p.add_argument("path", metavar="PATH", help="dataset directory")
+    p.add_argument("--json", action="store_true", help="print JSON instead of aligned text")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    info = describe(args.path)
+    print(json.dumps(info, indent=2) if args.json else _text(info))
+    return 0

@@ -1,0 +1,97 @@
+"""``lshdist ingest``: input files to a sharded Zarr dataset."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from lshdist.store.atomic import check_output
+from lshdist.store.dataset import DEFAULT_SHARD_ROWS
+from lshdist.store.inputs import read_inputs
+from lshdist.store.readers import FORMATS
+from lshdist.store.text import WEIGHTINGS
+
+logger = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "ingest",
+        help="turn data files into a sharded Zarr dataset",
+        description=(
+            "Read INPUT files (npy, npz, CSV, Parquet, IDX, UCI Letter, 20 Newsgroups text, or "
+            "an lshdist dataset to re-shard), concatenate them in order and write one dataset. "
+            "IDX images files are paired with their labels files among the INPUTs."
+        ),
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or dataset directories")
+    p.add_argument("--out", required=True, metavar="DATASET", help="output dataset directory")
+    p.add_argument(
+        "--shard-rows",
+        type=_positive_int,
+        default=DEFAULT_SHARD_ROWS,
+        metavar="N",
+        help=f"rows per shard (default {DEFAULT_SHARD_ROWS})",
+    )
+    p.add_argument("--format", choices=FORMATS, help="input format (default: detected per input)")
+    p.add_argument(
+        "--labels",
+        action="append",
+        metavar="FILE.npy",
+        help="labels of an input without its own (repeat once per INPUT, in order)",
+    )
+    p.add_argument(
+        "--label-column", metavar="NAME|INDEX", help="label column of CSV/Parquet inputs"
+    )
+    p.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CSV inputs have (or have not) a header row (default: guessed)",
+    )
+    p.add_argument(
+        "--weighting", choices=WEIGHTINGS, help="text inputs: token weights (default tfidf)"
+    )
+    p.add_argument(
+        "--idf-from",
+        metavar="DATASET",
+        help="text inputs: use the IDF of this dataset (ingest the training split first)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    check_output(args.out, args.overwrite)  # refuse before spending time reading
+    data = read_inputs(
+        args.inputs,
+        format=args.format,
+        labels=args.labels,
+        label_column=args.label_column,
+        header=args.header,
+        weighting=args.weighting,
+        idf_from=args.idf_from,
+    )
+    ds = data.write(args.out, shard_rows=args.shard_rows, overwrite=args.overwrite)
+    classes = "unlabelled" if ds.classes is None else f"{len(ds.classes)} classes"
+    d = "hashed 64-bit feature ids" if ds.kind == "sparse" and ds.d == 2**64 else f"{ds.d} features"
+    nnz = f", {ds.nnz} nonzeros" if ds.kind == "sparse" else ""
+    print(
+        f"ingested {ds.n} rows x {d} ({ds.kind}{nnz}, {classes}) from {len(args.inputs)} "
+        f"input(s) into {str(ds.path)!r}: {ds.n_shards} shard(s) of <= {args.shard_rows} rows "
+        f"in {time.perf_counter() - start:.1f}s"
+    )
+    return 0

@@ -1,0 +1,118 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lshdist.errors import InputError, NotFittedError
+from lshdist.index import MetricIndex, PermutationIndex
+from lshdist.index.params import permutations_for, resolve_permutations
+from lshdist.metric.learned import ExplicitMetric, sq_euclidean
+
+
+def test_permutations_from_epsilon():
+    assert permutations_for(10_000, 1.0) == 200  # ceil(2 * 10000^(1/2))
+    assert permutations_for(60_000, 2.0) == int(np.ceil(2 * 60_000 ** (1 / 3)))
+    assert resolve_permutations(100, epsilon=None, permutations=7) == 7
+    with pytest.raises(InputError, match="epsilon=0"):
+        permutations_for(10, 0)
+    with pytest.raises(InputError, match="not both"):
+        resolve_permutations(10, epsilon=1.0, permutations=3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    W=st.integers(1, 5),
+    bits=st.sampled_from([8, 64, 100, 200]),
+    keep=st.sampled_from([0, 5]),
+)
+def test_bulk_sort_merge_equals_per_query_search(seed, W, bits, keep):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(300, 8)).astype(np.float32)
+    Q = np.vstack([rng.normal(size=(40, 8)), X[:5]]).astype(np.float32)  # exact duplicates too
+    ix = MetricIndex(
+        ExplicitMetric.identity(8),
+        bits=bits,
+        n_permutations=6,
+        window=W,
+        hamming_keep=keep,
+        seed=seed,
+    ).fit(X)
+    qcodes = ix.family_.hash(Q)
+    assert np.array_equal(
+        ix.index_.candidates(qcodes, bulk=True), ix.index_.candidates(qcodes, bulk=False)
+    )
+    d1, i1 = ix.query(Q, 5, bulk=True)
+    d2, i2 = ix.query(Q, 5, bulk=False)
+    d3, i3 = ix.query(Q, 5, bulk=True, n_threads=3)
+    assert np.array_equal(i1, i2) and np.array_equal(d1, d2)
+    assert np.array_equal(i1, i3) and np.array_equal(d1, d3)
+
+
+def test_window_positions_are_binary_search_positions():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 6)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(6), bits=64, n_permutations=3, window=2).fit(X)
+    p = ix.index_
+    q = rng.normal(size=(20, 6)).astype(np.float32)
+    cand = p.candidates(ix.family_.hash(q))
+    from lshdist.index.permutation import permutation_prefixes
+
+    qp = permutation_prefixes(ix.family_.hash(q), p.positions_)
+    for m in range(3):
+        pos = np.searchsorted(p.sorted_prefix_[m], qp[m], side="left")
+        for j in range(20):
+            lo, hi = max(0, pos[j] - 2), min(500, pos[j] + 2)
+            expect = p.sorted_rows_[m, lo:hi]
+            got = cand[j, m * 4 : m * 4 + 4]
+            assert np.array_equal(got[got >= 0], expect)
+
+
+def test_scan_is_exact_and_hash_reranks_exactly():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(2000, 10)).astype(np.float32)
+    Q = rng.normal(size=(50, 10)).astype(np.float32)
+    A = np.eye(10) + 0.3 * np.ones((10, 10))
+    m = ExplicitMetric(A)
+    ids = np.arange(2000) * 3 + 7
+    ix = MetricIndex(m, bits=64, n_permutations=20, window=4).fit(X, ids=ids)
+    D = ((Q[:, None, :] - X[None]) @ A * (Q[:, None, :] - X[None])).sum(-1)
+    d, i = ix.query(Q, 5, mode="scan")
+    np.testing.assert_array_equal(i, ids[np.argsort(D, axis=1, kind="stable")[:, :5]])
+    np.testing.assert_allclose(d, np.sort(D, axis=1)[:, :5], rtol=1e-4)
+    dh, ih = ix.query(Q, 5)
+    rows = (ih - 7) // 3
+    np.testing.assert_allclose(dh, np.take_along_axis(D, rows, 1), rtol=1e-4)  # exact distances
+    assert np.all(np.diff(dh, axis=1) >= 0)
+    assert 0 < ix.stats_["reranked"].mean() <= 20 * 2 * 4
+
+
+def test_same_seed_same_results():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 5)).astype(np.float32)
+    a = (
+        MetricIndex(ExplicitMetric.identity(5), bits=32, n_permutations=8, seed=11)
+        .fit(X)
+        .query(X[:30], 3)
+    )
+    b = (
+        MetricIndex(ExplicitMetric.identity(5), bits=32, n_permutations=8, seed=11)
+        .fit(X)
+        .query(X[:30], 3)
+    )
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0])
+
+
+def test_bad_input():
+    X = np.zeros((10, 4), np.float32)
+    with pytest.raises(NotFittedError, match="not fitted"):
+        MetricIndex(ExplicitMetric.identity(4)).query(X, 1)
+    ix = MetricIndex(ExplicitMetric.identity(4), bits=16, n_permutations=2).fit(X)
+    with pytest.raises(InputError, match="k=0: k must be >= 1"):
+        ix.query(X, 0)
+    with pytest.raises(InputError, match="X has 3 features, but the model was learned on 4"):
+        ix.query(X[:, :3], 1)
+    with pytest.raises(InputError, match="mode='fast'"):
+        ix.query(X, 1, mode="fast")
+    with pytest.raises(InputError, match="window=0"):
+        PermutationIndex(n_permutations=2, window=0).fit(ix.index_.codes_, 16, ix.index_.payload_)

@@ -1,0 +1,187 @@
+"""Zarr datasets: bit-exact round trips whatever the shard size, shards read alone, damage."""
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lshdist.blocks import SparseBlock
+from lshdist.errors import FormatError, InputError, OutputExistsError
+from lshdist.store.dataset import HASHED_D, Dataset, write_dataset
+
+PROPERTY = settings(max_examples=40, deadline=None)
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def dense_rows(draw):
+    n = draw(st.integers(1, 40))
+    d = draw(st.integers(1, 6))
+    X = draw(hnp.arrays(np.float32, (n, d), elements=finite32))
+    y = draw(st.none() | hnp.arrays(np.int64, n, elements=st.integers(0, 4)))
+    return X, y
+
+
+@st.composite
+def sparse_rows(draw):
+    """CSR arrays over 64-bit feature ids (sorted within a row), empty rows allowed."""
+    n = draw(st.integers(1, 30))
+    ids = st.integers(0, 2**64 - 1) | st.integers(0, 50)
+    rows = [sorted(draw(st.sets(ids, max_size=6))) for _ in range(n)]
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    indices = np.array([f for r in rows for f in r], dtype=np.uint64)
+    data = draw(hnp.arrays(np.float32, len(indices), elements=finite32))
+    return indptr, indices, data
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@PROPERTY
+@given(rows=dense_rows(), shard_rows=st.integers(1, 50))
+def test_dense_round_trip_is_bit_exact_for_any_shard_size(rows, shard_rows):
+    X, y = rows
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = write_dataset(Path(tmp) / "ds", X, y, shard_rows=shard_rows)
+        back = Dataset(ds.path)
+        assert (back.n, back.d, back.kind) == X.shape + ("dense",)
+        assert back.n_shards == math.ceil(len(X) / shard_rows)
+        np.testing.assert_array_equal(_bits(back.read_all()), _bits(X))
+        for shard in back.shards():
+            alone = Dataset(ds.path).read_shard(shard.index)  # a fresh reader: nothing cached
+            np.testing.assert_array_equal(_bits(alone), _bits(X[shard.start : shard.stop]))
+        assert back.shard_bounds[-1] == len(X)
+        np.testing.assert_array_equal(back.ids(), np.arange(len(X)))
+        if y is None:
+            assert back.labels() is None
+        else:
+            classes = np.array(back.classes).astype(np.int64)
+            np.testing.assert_array_equal(classes[back.labels()], y)
+
+
+@PROPERTY
+@given(arrays=sparse_rows(), shard_rows=st.integers(1, 40))
+def test_sparse_round_trip_is_bit_exact_for_any_shard_size(arrays, shard_rows):
+    indptr, indices, data = arrays
+    block = SparseBlock.from_arrays(indptr, indices, data)
+    ids = np.arange(len(indptr) - 1, dtype=np.int64) * 7 + 3
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = write_dataset(Path(tmp) / "ds", block, ids=ids, shard_rows=shard_rows)
+        back = Dataset(ds.path)
+        assert (back.n, back.d, back.kind, back.nnz) == (
+            len(indptr) - 1,
+            HASHED_D,
+            "sparse",
+            len(data),
+        )
+        for got, want in zip(back.read_all().to_arrays(), (indptr, indices, data)):
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+        for shard in back.shards():
+            alone = Dataset(ds.path).read_shard(shard.index).to_arrays()
+            lo, hi = indptr[shard.start], indptr[shard.stop]
+            want = (indptr[shard.start : shard.stop + 1] - lo, indices[lo:hi], data[lo:hi])
+            for got, w in zip(alone, want):
+                np.testing.assert_array_equal(_bits(got), _bits(w))
+        np.testing.assert_array_equal(back.ids(), ids)
+
+
+def test_scipy_sparse_input_keeps_its_dimension(tmp_path):
+    X = sp.random(30, 500, density=0.05, format="csr", dtype=np.float32, random_state=0)
+    ds = write_dataset(tmp_path / "ds", X, shard_rows=7)
+    assert ds.d == 500 and ds.n_shards == 5
+    back = ds.read_all()
+    np.testing.assert_array_equal(back.over(np.arange(500, dtype=np.uint64)).toarray(), X.toarray())
+
+
+def test_existing_output_is_refused_then_replaced_with_overwrite(tmp_path):
+    write_dataset(tmp_path / "ds", np.ones((3, 2)))
+    with pytest.raises(
+        OutputExistsError, match="already exists; choose another path or pass --overwrite"
+    ):
+        write_dataset(tmp_path / "ds", np.zeros((4, 2)))
+    assert Dataset(tmp_path / "ds").n == 3
+    write_dataset(tmp_path / "ds", np.zeros((4, 2)), overwrite=True)
+    assert Dataset(tmp_path / "ds").n == 4
+    assert os.listdir(tmp_path) == ["ds"]
+
+
+def test_a_failure_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(zarr.Group, "create_array", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_dataset(tmp_path / "ds", np.ones((3, 2)))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    X = np.arange(40, dtype=np.float32).reshape(20, 2)
+    return write_dataset(tmp_path / "ds", X, np.arange(20) % 3, shard_rows=10).path
+
+
+def test_missing_dataset(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        Dataset(tmp_path / "nope")
+
+
+def test_directory_that_is_not_a_zarr_group(tmp_path):
+    with pytest.raises(FormatError, match=r"is not a Zarr v3 group \(no zarr.json\)"):
+        Dataset(tmp_path)
+
+
+def test_foreign_zarr_group(tmp_path):
+    zarr.open_group(str(tmp_path / "g"), mode="w").create_array("a", data=np.arange(3))
+    with pytest.raises(FormatError, match="is a Zarr group but not an lshdist dataset"):
+        Dataset(tmp_path / "g")
+
+
+def test_corrupted_group_metadata(dataset):
+    (dataset / "zarr.json").write_text("{not json")
+    with pytest.raises(FormatError, match=r"zarr.json is corrupted .*; re-ingest the dataset"):
+        Dataset(dataset)
+
+
+def test_group_metadata_that_is_not_utf8(dataset):
+    (dataset / "zarr.json").write_bytes(b'{"attributes": {"format": "\xd0\xff"}}')
+    with pytest.raises(FormatError, match=r"zarr.json is corrupted .*; re-ingest the dataset"):
+        Dataset(dataset)
+
+
+def test_newer_format_version(dataset):
+    meta = json.loads((dataset / "zarr.json").read_text())
+    meta["attributes"]["version"] = 99
+    (dataset / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        FormatError, match="dataset format version 99; this lshdist reads version 1"
+    ):
+        Dataset(dataset)
+
+
+def test_missing_array(dataset):
+    for f in sorted((dataset / "X").rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    (dataset / "X").rmdir()
+    with pytest.raises(FormatError, match="is corrupted .*re-ingest it"):
+        Dataset(dataset)
+
+
+def test_damaged_chunk_is_a_format_error(dataset):
+    chunk = dataset / "X" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    ds = Dataset(dataset)
+    np.testing.assert_array_equal(ds.read_shard(0)[0], [0, 1])  # the intact shard still reads
+    with pytest.raises(FormatError, match=r"cannot read rows 10:20 of X .*corrupted, re-ingest it"):
+        ds.read_shard(1)
