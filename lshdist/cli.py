@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose > 1 else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("distributed", "bokeh", "tornado"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if args.verbose < 2 else logging.INFO)
     try:
         return int(args.func(args) or 0)
     except LshdistError as exc:

@@ -57,7 +57,9 @@ class RandomHyperplanes(HashFamily):
 
     name = "charikar"
 
-    def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None):
+    def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None,
+                 metric=None):
+        self.metric = metric  # the metric its candidates are re-ranked under (if any)
         self.d = int(d)
         self.bits = check_bits(bits)
         self.seed = int(seed)
@@ -136,7 +138,7 @@ def family_for(metric, *, bits: int, seed: int = 0, learned: bool = True) -> Has
     """The hash family of a metric: learned (default) or Charikar's baseline."""
     if not learned:
         return RandomHyperplanes(d=metric.d, bits=bits, seed=seed,
-                                 center=getattr(metric, "center", None))
+                                 center=getattr(metric, "center", None), metric=metric)
     if isinstance(metric, ExplicitMetric):
         return LearnedExplicit(metric, bits=bits, seed=seed)
     if isinstance(metric, ImplicitMetric):

@@ -72,3 +72,13 @@ def add_learner_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prior", choices=("identity", "inverse-covariance"), default="identity",
                    help="explicit: prior A0 (default identity)")
     g.add_argument("--seed", type=int, default=0, help="seed of constraints, basis and hashes")
+
+
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="an existing Dask scheduler (default: start a LocalCluster)")
+    g.add_argument("--workers", type=positive_int, default=2,
+                   help="LocalCluster worker processes, one thread each (default 2)")
+    g.add_argument("--in-process", action="store_true",
+                   help="run the LocalCluster's workers as threads of this process")

@@ -25,6 +25,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _row_range(text: str) -> tuple[int, int]:
+    try:
+        start, stop = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give START:STOP, e.g. 0:16000") from None
+    return start, stop
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "ingest",
@@ -68,6 +76,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="DATASET",
         help="text inputs: use the IDF of this dataset (ingest the training split first)",
     )
+    p.add_argument(
+        "--rows",
+        type=_row_range,
+        metavar="START:STOP",
+        help="keep only rows START:STOP of the concatenated input (a train/test split of one "
+        "file, e.g. Letter's 0:16000 and 16000:20000)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.set_defaults(func=run)
     return p
@@ -85,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         weighting=args.weighting,
         idf_from=args.idf_from,
     )
+    if args.rows is not None:
+        data = data.rows(*args.rows)
     ds = data.write(args.out, shard_rows=args.shard_rows, overwrite=args.overwrite)
     classes = "unlabelled" if ds.classes is None else f"{len(ds.classes)} classes"
     d = "hashed 64-bit feature ids" if ds.kind == "sparse" and ds.d == 2**64 else f"{ds.d} features"

@@ -103,6 +103,22 @@ class InputData:
     def n(self) -> int:
         return self.X.n_rows if isinstance(self.X, SparseBlock) else int(self.X.shape[0])
 
+    def rows(self, start: int, stop: int) -> "InputData":
+        """Rows ``start:stop`` only (a train/test split of one file); ids keep their values."""
+        n = self.n
+        if not (0 <= start < stop <= n):
+            raise InputError(
+                f"rows {start}:{stop} are out of range: the input has {n} rows; "
+                f"give START:STOP with 0 <= START < STOP <= {n}"
+            )
+        sel = np.arange(start, stop)
+        X = self.X.take(sel) if isinstance(self.X, SparseBlock) else self.X[start:stop]
+        ids = sel.astype(np.int64) if self.ids is None else self.ids[start:stop]
+        y = None if self.y is None else self.y[start:stop]
+        attrs = {**self.attrs, "rows": [start, stop]}
+        return InputData(X, y, self.classes, ids, self.d, self.sources, self.format,
+                         self.is_text, attrs)
+
     def write(
         self, path: str | os.PathLike, *, shard_rows: int, overwrite: bool = False
     ) -> Dataset:

@@ -1,0 +1,1 @@
+"""Dask orchestration: clusters, distributed index builds and bulk queries."""

@@ -1,0 +1,69 @@
+"""Getting a Dask client: a LocalCluster by default, or an existing scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from lshdist.errors import ClusterError, InputError
+
+log = logging.getLogger(__name__)
+
+
+def warm_kernels() -> bool:
+    """Compile (or load from cache) every numba kernel once, on a worker at job start."""
+    import numpy as np
+
+    from lshdist._kernels.hashing import gaussian_rows, pack_signs, permuted_prefix
+    from lshdist._kernels.search import (
+        collect_candidates,
+        rerank_dense,
+        window_candidates_bsearch,
+        window_candidates_merge,
+    )
+
+    codes = pack_signs(gaussian_rows(np.uint64(0), np.arange(4, dtype=np.uint64), 8))
+    prefix = permuted_prefix(codes, np.arange(8, dtype=np.int64))
+    sp = np.sort(prefix)[None, :]
+    rows = np.argsort(prefix)[None, :].astype(np.int64)
+    cand = window_candidates_merge(sp, rows, prefix[None, :], rows, 1)
+    window_candidates_bsearch(sp, rows, prefix[None, :], 1)
+    off, r, _ = collect_candidates(cand, codes, codes, 0)
+    Z = np.zeros((4, 2), np.float32)
+    rerank_dense(off, r, Z, Z, 1)
+    return True
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
+                timeout: float = 10.0):
+    """A ``distributed.Client``: on ``scheduler`` (``tcp://HOST:PORT``) or on a new
+    LocalCluster of ``workers`` single-threaded worker processes (threads if not ``processes``).
+    Workers warm the numba kernels before the job starts."""
+    from distributed import Client, LocalCluster
+
+    if workers < 1:
+        raise InputError(f"workers={workers}: need at least one worker")
+    cluster = None
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=timeout)
+        except (OSError, TimeoutError) as exc:
+            raise ClusterError(
+                f"could not reach the Dask scheduler at {scheduler!r} within {timeout:.0f}s "
+                f"({type(exc).__name__}); check the address, or omit --scheduler to run on a "
+                "local cluster"
+            ) from None
+    else:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                               dashboard_address=":0", silence_logs=logging.WARNING)
+        client = Client(cluster)
+    try:
+        log.info("Dask dashboard: %s (%d workers)", client.dashboard_link,
+                 len(client.scheduler_info()["workers"]))
+        client.run(warm_kernels)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
