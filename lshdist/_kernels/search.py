@@ -100,11 +100,15 @@ def collect_candidates(cand, codes, qcodes, keep):
 
 
 @njit(cache=True, nogil=True)
-def _topk(dist, rows, k, out_d, out_r, q):
+def _topk(dist, rows, k, out_d, out_r, q, tiebreak):
+    """Smallest k of ``dist`` (float32-rounded), ties by ``tiebreak[row]`` (the row ids), so
+    that the result does not depend on the order candidates were found in."""
     n = dist.shape[0]
-    order = np.argsort(dist, kind="mergesort")
+    d32 = dist.astype(np.float32)
+    by_id = np.argsort(tiebreak[rows], kind="mergesort")
+    order = by_id[np.argsort(d32[by_id], kind="mergesort")]
     for t in range(min(k, n)):
-        out_d[q, t] = dist[order[t]]
+        out_d[q, t] = d32[order[t]]
         out_r[q, t] = rows[order[t]]
 
 
@@ -118,10 +122,11 @@ def _sq_dist_f32(a, b):
 
 
 @njit(cache=True, nogil=True)
-def rerank_dense(offsets, rows, Z, Zq, k):
+def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     """Exact ``||z - z_q||^2`` of every candidate, top-k ascending (ties by row).
 
-    Z : float32 (N, d) database payload (``Gx`` or ``x``); Zq : float32 (Q, d).
+    Z : float32 (N, d) database payload (``Gx`` or ``x``); Zq : float32 (Q, d);
+    tiebreak : int64 (N,), the row ids (equal distances are ordered by id).
     Returns float32 (Q, k) distances (inf padded) and int64 (Q, k) rows (-1 padded).
     """
     Q = Zq.shape[0]
@@ -135,7 +140,7 @@ def rerank_dense(offsets, rows, Z, Zq, k):
         zq = Zq[q]
         for t in range(hi - lo):
             dist[t] = _sq_dist_f32(Z[r[t]], zq)
-        _topk(dist, r, k, out_d, out_r, q)
+        _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
 
 
@@ -158,7 +163,8 @@ def _sparse_dot(ia, xa, ib, xb):
 
 
 @njit(cache=True, nogil=True)
-def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindices, qdata, zq, sq, k):
+def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindices, qdata, zq, sq, k,
+                  tiebreak):
     """Exact implicit learned distance of every candidate, top-k ascending.
 
     ``d = sx[i] + sq[q] - 2 (x_i^T q + kx[i]^T zq[q])`` where ``sx = ||x||^2 + k_x^T Q k_x``,
@@ -180,5 +186,5 @@ def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindice
             for j in range(c):
                 s += np.float64(kx[i, j]) * zq[q, j]
             dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
-        _topk(dist, r, k, out_d, out_r, q)
+        _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r

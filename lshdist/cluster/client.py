@@ -30,7 +30,7 @@ def warm_kernels() -> bool:
     window_candidates_bsearch(sp, rows, prefix[None, :], 1)
     off, r, _ = collect_candidates(cand, codes, codes, 0)
     Z = np.zeros((4, 2), np.float32)
-    rerank_dense(off, r, Z, Z, 1)
+    rerank_dense(off, r, Z, Z, 1, np.arange(4, dtype=np.int64))
     return True
 
 

@@ -47,6 +47,18 @@ def _check_data_for_model(ds: Dataset, metric, what: str) -> None:
                          f"learned on {metric.d}")
 
 
+def broadcast(client, obj):
+    """Put ``obj`` (the hash family, a few MB) on every worker once; returns its future.
+
+    Not ``client.scatter(..., broadcast=True)``: scattered data has no recipe, so a worker lost
+    at the wrong moment cancels every task that needs it ("lost dependencies").  A one-task
+    future carries the object in its recipe and is recomputed if every copy is lost.
+    """
+    fut = client.submit(tasks.identity, obj, pure=False)
+    client.replicate([fut])
+    return fut
+
+
 def _wait(futures, what: str) -> list:
     from distributed import as_completed
 
@@ -91,16 +103,24 @@ def build_index(client, *, data: str, model: str, out: str, bits: int = 256,
             "hamming_keep": hamming_keep, "seed": seed, "learned": learned, "segments": [],
         }
     (out_path / "segments").mkdir(parents=True, exist_ok=True)
-    family = family_for(metric, bits=bits, seed=seed, learned=learned)
-    [family_f] = client.scatter([family], broadcast=True)
+    family_f = broadcast(client, family_for(metric, bits=bits, seed=seed, learned=learned))
     params = {"permutations": permutations, "epsilon": epsilon, "window": window,
               "hamming_keep": hamming_keep, "seed": seed}
+    names = [new_segment_name() for _ in _ranges(ds.n, segment_rows)]
     futures = [
         client.submit(tasks.build_segment, str(ds.path), a, b, family_f, params, str(out_path),
-                      new_segment_name(), pure=False, retries=2)
-        for a, b in _ranges(ds.n, segment_rows)
+                      name, pure=False, retries=2)
+        for (a, b), name in zip(_ranges(ds.n, segment_rows), names)
     ]
-    entries = _wait(futures, "index")
+    try:
+        entries = _wait(futures, "index")
+    except BaseException:
+        client.cancel(futures)
+        for name in names:  # the manifest never named them: remove what the tasks wrote
+            shutil.rmtree(out_path / "segments" / name, ignore_errors=True)
+        if not manifest["segments"] and not (out_path / "index.json").exists():
+            shutil.rmtree(out_path, ignore_errors=True)
+        raise
     new_manifest = {**manifest, "segments": manifest["segments"] + entries}
     new_manifest["rows"] = int(sum(e["rows"] for e in new_manifest["segments"]))
     write_manifest(out_path, new_manifest)  # the swap: readers see the old or the new index
@@ -127,9 +147,8 @@ def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str
     metric, _ = load_model(manifest["model"])
     qds = Dataset(queries)
     _check_data_for_model(qds, metric, "queries dataset")
-    family = family_for(metric, bits=manifest["bits"], seed=manifest["seed"],
-                        learned=manifest["learned"])
-    [family_f] = client.scatter([family], broadcast=True)
+    family_f = broadcast(client, family_for(metric, bits=manifest["bits"],
+                                            seed=manifest["seed"], learned=manifest["learned"]))
     segs = [client.submit(tasks.load_segment, str(index), e, manifest, pure=False, retries=2)
             for e in manifest["segments"]]
     out_path = Path(out)
@@ -137,15 +156,19 @@ def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str
     (tmp / "neighbors").mkdir(parents=True)
     (tmp / "stats").mkdir()
     try:
-        writers = []
+        # every intermediate future stays referenced until the end: a lost worker's results
+        # are then recomputed from their recipes instead of being given up
+        writers, held = [], []
         for c, (a, b) in enumerate(_ranges(qds.n, query_chunk)):
-            enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f, pure=False,
-                                retries=2)
+            enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
+                                pure=False, retries=2)
             parts = [client.submit(tasks.search_segment, s, enc, k, mode, pure=False, retries=2)
                      for s in segs]
+            held += [enc, *parts]
             writers.append(client.submit(tasks.merge_and_write, enc, parts, k, str(tmp), c,
                                          pure=False, retries=2))
         n = sum(_wait(writers, "query"))
+        client.cancel(held)
         if out_path.exists():
             shutil.rmtree(out_path)
         os.rename(tmp, out_path)

@@ -11,6 +11,11 @@ from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_segment, write_segment
 
 
+def identity(obj):
+    """A task returning its argument: puts a driver-side object into the cluster."""
+    return obj
+
+
 def build_segment(data_path: str, start: int, stop: int, family, params: dict,
                   index_dir: str, name: str) -> dict:
     """Encode rows ``start:stop`` with the broadcast hash family, build and write a segment."""

@@ -36,8 +36,10 @@ class DensePayload:
     def take(self, rows) -> "DensePayload":
         return DensePayload(self.Z[rows])
 
-    def rerank(self, offsets, rows, query: "DensePayload", k: int):
-        return rerank_dense(offsets, rows, self.Z, query.Z, k)
+    def rerank(self, offsets, rows, query: "DensePayload", k: int, tiebreak: np.ndarray):
+        """Exact top-k of each query's candidates (CSR ``offsets``/``rows``), ties by
+        ``tiebreak[row]``: ``(float32 (Q, k), int64 rows (Q, k))``."""
+        return rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
 
     def distances(self, query: "DensePayload") -> np.ndarray:
         """Approximate distances from the queries to all rows (float32 BLAS expansion; the scan
@@ -89,10 +91,10 @@ class KernelPayload:
         return SparseBlock.from_arrays(self.indptr[start : stop + 1] - lo,
                                        self.indices[lo:hi], self.data[lo:hi])
 
-    def rerank(self, offsets, rows, query: "KernelPayload", k: int):
+    def rerank(self, offsets, rows, query: "KernelPayload", k: int, tiebreak: np.ndarray):
         return rerank_sparse(offsets, rows, self.indptr, self.indices, self.data, self.kx,
                              self.sx, query.indptr, query.indices, query.data,
-                             query.kx.astype(np.float64), query.sx, k)
+                             query.kx.astype(np.float64), query.sx, k, tiebreak)
 
     def distances(self, query: "KernelPayload") -> np.ndarray:
         """Distances from the queries to all rows, float64 (Q, N)."""

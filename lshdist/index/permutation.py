@@ -168,5 +168,5 @@ class PermutationIndex:
         cand = self.candidates(qc, bulk=bulk)
         offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(self.hamming_keep))
         qp = qpayload.take(slice(lo, hi)) if (lo, hi) != (0, len(qpayload)) else qpayload
-        dist, top = self.payload_.rerank(offsets, rows, qp, k)
+        dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
         return dist, top, distinct, np.diff(offsets)

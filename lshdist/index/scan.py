@@ -21,6 +21,7 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
     """
     k = check_k(k)
     N, Q = len(payload), len(qpayload)
+    tiebreak = np.arange(N, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
     kk = min(N, k + _GUARD)
     starts = list(range(0, Q, block))
 
@@ -34,7 +35,7 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
             cand = np.broadcast_to(np.arange(N), D.shape)
         cand = np.sort(cand, axis=1).astype(np.int64)
         offsets = np.arange(0, cand.size + 1, kk, dtype=np.int64)
-        return payload.rerank(offsets, np.ascontiguousarray(cand).ravel(), qp, k)
+        return payload.rerank(offsets, np.ascontiguousarray(cand).ravel(), qp, k, tiebreak)
 
     if n_threads > 1 and len(starts) > 1:
         with ThreadPoolExecutor(n_threads) as pool:

@@ -80,5 +80,7 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="an existing Dask scheduler (default: start a LocalCluster)")
     g.add_argument("--workers", type=positive_int, default=2,
                    help="LocalCluster worker processes, one thread each (default 2)")
+    g.add_argument("--connect-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for --scheduler (default 10)")
     g.add_argument("--in-process", action="store_true",
                    help="run the LocalCluster's workers as threads of this process")

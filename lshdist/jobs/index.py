@@ -37,7 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process) as client:
+    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process,
+                     timeout=args.connect_timeout) as client:
         m = build_index(client, data=args.data, model=args.model, out=args.out, bits=args.bits,
                         epsilon=args.epsilon, permutations=args.permutations,
                         window=args.window, hamming_keep=args.hamming_keep,

@@ -10,6 +10,10 @@ from typing import Callable
 from lshdist.errors import FormatError, InputError
 from lshdist.store.dataset import FORMAT as DATASET_FORMAT
 from lshdist.store.dataset import Dataset
+from lshdist.store.index import FORMAT as INDEX_FORMAT
+from lshdist.store.index import read_manifest
+from lshdist.store.model import FORMAT as MODEL_FORMAT
+from lshdist.store.model import read_model_meta
 
 _MAX_CLASS_NAMES = 30
 
@@ -25,8 +29,29 @@ def describe_dataset(path: Path) -> dict:
     return info
 
 
-#: directory kinds by the ``format`` they declare; a model or index adds its entry here
-DESCRIBERS: dict[str, Callable[[Path], dict]] = {DATASET_FORMAT: describe_dataset}
+def describe_model(path: Path) -> dict:
+    meta = read_model_meta(path)
+    return {"format": f"{meta['format']} v{meta['version']}", "path": str(path),
+            "kind": meta["kind"], "kernel": meta.get("kernel"), "d": meta["d"], "c": meta.get("c"),
+            "seed": meta["seed"], "checksum": meta["checksum"], "params": meta.get("params", {})}
+
+
+def describe_index(path: Path) -> dict:
+    m = read_manifest(path)
+    segs = [f"{e['name']} ({e['rows']} rows, M={e['permutations']}, from {e.get('source', '?')}"
+            f" rows {e.get('start', '?')}:{e.get('stop', '?')})" for e in m["segments"]]
+    return {"format": f"{m['format']} v{m['version']}", "path": str(path), "rows": m.get("rows"),
+            "model": m["model"], "model_checksum": m["model_checksum"], "kind": m["kind"],
+            "bits": m["bits"], "window": m["window"], "hamming_keep": m["hamming_keep"],
+            "learned_hash": m["learned"], "n_segments": len(segs), "segments": segs}
+
+
+#: directory kinds by the ``format`` they declare
+DESCRIBERS: dict[str, Callable[[Path], dict]] = {
+    DATASET_FORMAT: describe_dataset,
+    MODEL_FORMAT: describe_model,
+    INDEX_FORMAT: describe_index,
+}
 #: where each directory kind keeps its ``format``: Zarr group attributes or a JSON manifest
 _MANIFESTS = ("zarr.json", "model.json", "index.json")
 _REDO = "write it again (a dataset with `lshdist ingest`)"
@@ -79,11 +104,14 @@ def _text(info: dict) -> str:
             value = " ".join(shown) + more
         elif isinstance(value, dict):
             value = json.dumps(value)
+        elif isinstance(value, list):
+            value = "\n".join(map(str, value))
         elif value is None:
             value = "-"
         rows.append((key, str(value)))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    pad = "\n" + " " * (width + 2)
+    return "\n".join(f"{k:<{width}}  {v.replace(chr(10), pad)}" for k, v in rows)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

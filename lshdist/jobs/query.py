@@ -27,7 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process) as client:
+    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process,
+                     timeout=args.connect_timeout) as client:
         r = query_index(client, index=args.index, queries=args.queries, k=args.k, out=args.out,
                         mode=args.mode, query_chunk=args.query_chunk, overwrite=args.overwrite)
     print(f"{r['queries']} queries x {r['segments']} segments -> {r['out']}")

@@ -251,3 +251,17 @@ def test_console_script_exits_2_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "line 2 has 1 fields, but the first line has 2" in proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["a.csv"]
+
+
+def test_rows_split_letter(data_root, tmp_path, capsys):
+    from lshdist.cli import main
+    from lshdist.store.dataset import Dataset
+
+    src = str(data_root / "letter" / "letter-recognition.data")
+    assert main(["ingest", src, "--format", "letter", "--rows", "16000:20000", "--out", str(tmp_path / "te")]) == 0
+    ds = Dataset(tmp_path / "te")
+    assert (ds.n, ds.d, len(ds.classes)) == (4000, 16, 26)
+    assert ds.ids()[0] == 16000
+    assert main(["ingest", src, "--format", "letter", "--rows", "0:20001", "--out", str(tmp_path / "x")]) == 2
+    assert "rows 0:20001 are out of range: the input has 20000 rows" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

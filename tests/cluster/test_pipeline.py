@@ -1,0 +1,251 @@
+"""Distributed index and query (issue 5): same results everywhere, failures contained."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lshdist.cli import main
+from lshdist.cluster.client import dask_client
+from lshdist.cluster.pipeline import build_index, query_index
+from lshdist.cluster.tasks import merge_topk
+from lshdist.errors import InputError
+from lshdist.index import MetricIndex
+from lshdist.store.model import load_model
+
+
+
+def read_results(path):
+    """Neighbour table as numpy arrays sorted by (query_id, rank)."""
+    t = pq.read_table(path / "neighbors")
+    d = {c: t.column(c).to_numpy() for c in t.column_names}
+    o = np.lexsort((d["rank"], d["query_id"]))
+    return {c: v[o] for c, v in d.items()}
+
+INDEX = dict(bits=64, permutations=30, window=4, hamming_keep=0, segment_rows=4000)
+
+
+def run_job(client, job, out, data="train-a", mode="hash"):
+    build_index(client, data=str(job / data), model=str(job / "model"), out=str(out / "idx"), **INDEX)
+    query_index(client, index=str(out / "idx"), queries=str(job / "queries"), k=5,
+                out=str(out / "res"), mode=mode, query_chunk=1500)
+    return read_results(out / "res")
+
+
+@pytest.fixture(scope="module")
+def reference(letter_job, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    with dask_client(workers=1, processes=False) as client:
+        return run_job(client, letter_job, out)
+
+
+def test_in_process_matches_one_process_search(letter_job, reference, letter):
+    """Segments are searched independently and merged: with one segment the distributed result
+    equals `MetricIndex` in one process."""
+    metric, _ = load_model(letter_job / "model")
+    assert reference["query_id"].min() == 16000 and len(reference["query_id"]) == 4000 * 5
+    ix = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:4000])
+    d, ids = ix.query(letter.X_test, 5)
+    tmp = Path(letter_job / "one-seg")
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(tmp / "idx"), **{**INDEX, "segment_rows": 8000})
+        query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"), k=5,
+                    out=str(tmp / "res"))
+    r = read_results(tmp / "res")
+    ix8 = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:8000])
+    d8, ids8 = ix8.query(letter.X_test, 5)
+    assert np.array_equal(r["neighbor_id"].reshape(-1, 5), ids8)
+    assert np.array_equal(r["distance"].reshape(-1, 5), d8)
+    # and the hashed search is good: 1-NN accuracy of the learned metric on Letter
+    y = np.concatenate([letter.y_train, letter.y_test])
+    acc = (y[reference["neighbor_id"].reshape(-1, 5)[:, 0]] == letter.y_test).mean()
+    assert acc >= 0.955
+
+
+def test_two_workers_and_shard_sizes_give_identical_results(letter_job, reference, tmp_path):
+    with dask_client(workers=2) as client:
+        got_a = run_job(client, letter_job, tmp_path / "a", data="train-a")
+        got_b = run_job(client, letter_job, tmp_path / "b", data="train-b")
+    for got in (got_a, got_b):
+        for col in reference:
+            assert np.array_equal(got[col], reference[col]), col
+
+
+@pytest.mark.cluster
+def test_external_scheduler_gives_identical_results(letter_job, reference, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    addr = f"tcp://127.0.0.1:{port}"
+    dask = str(Path(sys.executable).parent / "dask")
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], stderr=subprocess.DEVNULL)]
+    time.sleep(2)
+    procs += [subprocess.Popen([dask, "worker", addr, "--nthreads", "1", "--no-dashboard"],
+                               stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        with dask_client(addr, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+            got = run_job(client, letter_job, tmp_path)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    for col in reference:
+        assert np.array_equal(got[col], reference[col]), col
+
+
+@pytest.mark.cluster
+def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
+    with dask_client(workers=2) as client:
+        build_index(client, data=str(letter_job / "train-a"), model=str(letter_job / "model"),
+                    out=str(tmp_path / "idx"), **INDEX)
+        killed = []
+
+        def killer():
+            # wait until the query has written a part, then kill a worker process
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                if list(tmp_path.glob(".res.tmp-*/neighbors/*.parquet")):
+                    w = sorted(client.scheduler_info()["workers"])[0]
+                    try:
+                        client.run(os._exit, 1, workers=[w])
+                    except Exception:  # the worker dies while answering
+                        pass
+                    killed.append(w)
+                    return
+                time.sleep(0.01)
+
+        t = threading.Thread(target=killer)
+        t.start()
+        query_index(client, index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),
+                    k=5, out=str(tmp_path / "res"), query_chunk=100)
+        t.join()
+    assert killed, "the query finished before a worker could be killed"
+    got = read_results(tmp_path / "res")
+    for col in reference:
+        assert np.array_equal(got[col], reference[col]), col
+
+
+def test_append_equals_building_from_both(letter_job, tmp_path):
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(tmp_path / "idx"), **INDEX)
+        build_index(client, data=str(letter_job / "second"), model=str(letter_job / "model"),
+                    out=str(tmp_path / "idx"), append=True, **INDEX)
+        query_index(client, index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),
+                    k=5, out=str(tmp_path / "res"))
+        both = run_job(client, letter_job, tmp_path / "both")
+    got = read_results(tmp_path / "res")
+    for col in both:
+        assert np.array_equal(got[col], both[col]), col
+    assert main(["info", str(tmp_path / "idx")]) == 0
+
+
+def test_failed_index_run_leaves_previous_index_intact(letter_job, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(letter_job / "second", broken)
+    (broken / "X" / "c" / "1" / "0").write_bytes(b"not zstd")  # one shard corrupted
+    idx = tmp_path / "idx"
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(idx), **INDEX)
+        before = (idx / "index.json").read_bytes()
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"), k=5,
+                    out=str(tmp_path / "r1"))
+    code = main(["index", "--data", str(broken), "--model", str(letter_job / "model"),
+                 "--out", str(idx), "--append", "--in-process", "--workers", "1"])
+    assert code == 2
+    assert "corrupted" in capsys.readouterr().err
+    assert (idx / "index.json").read_bytes() == before
+    assert len(list((idx / "segments").iterdir())) == 2  # the failed run's segments are gone
+    with dask_client(workers=1, processes=False) as client:
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"), k=5,
+                    out=str(tmp_path / "r2"))
+    a, b = read_results(tmp_path / "r1"), read_results(tmp_path / "r2")
+    assert all(np.array_equal(a[c], b[c]) for c in a)
+
+
+def test_scan_mode_is_exact(letter_job, letter, tmp_path):
+    with dask_client(workers=1, processes=False) as client:
+        got = run_job(client, letter_job, tmp_path, mode="scan")
+    metric, _ = load_model(letter_job / "model")
+    Z, Zq = metric.transform(letter.X_train), metric.transform(letter.X_test)
+    D = ((Zq[:, None, :].astype(np.float64) - Z[None]) ** 2).sum(-1)
+    top = np.argsort(D, axis=1, kind="stable")[:, :5]
+    assert (got["neighbor_id"].reshape(-1, 5) == top).mean() > 0.999  # float32 ties aside
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), parts=st.integers(1, 5), k=st.integers(1, 8), seed=st.integers(0, 999))
+def test_merge_of_partial_topk_equals_global_topk(n, parts, k, seed):
+    rng = np.random.default_rng(seed)
+    dist = rng.integers(0, 6, size=(3, n)).astype(np.float32)  # many ties
+    ids = np.tile(rng.permutation(1000)[:n], (3, 1))
+    splits = np.array_split(np.arange(n), parts)
+
+    def topk(cols):
+        o = np.lexsort((ids[:, cols], dist[:, cols]), axis=1)[:, :k]
+        d, i = np.take_along_axis(dist[:, cols], o, 1), np.take_along_axis(ids[:, cols], o, 1)
+        pad = k - d.shape[1]
+        return (np.pad(d, ((0, 0), (0, pad)), constant_values=np.inf),
+                np.pad(i, ((0, 0), (0, pad)), constant_values=-1))
+
+    merged = merge_topk([topk(c) for c in splits if len(c)], k)
+    expect = topk(np.arange(n))
+    assert np.array_equal(merged[1], expect[1]) and np.array_equal(merged[0], expect[0])
+
+
+def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
+    from lshdist.store.dataset import write_dataset
+
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(tmp_path / "idx"), **INDEX)
+    write_dataset(tmp_path / "q15", np.zeros((5, 15), np.float32))
+    base = ["--in-process", "--workers", "1"]
+    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q15"),
+                 "--out", str(tmp_path / "r"), *base]) == 2
+    assert "has 15 features, but the model was learned on 16" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    # a model that does not match the index
+    from lshdist.metric.learned import ExplicitMetric
+    from lshdist.store.model import save_model
+
+    other = tmp_path / "model2"
+    shutil.copytree(letter_job / "model", other)
+    import json
+
+    m = json.loads((tmp_path / "idx" / "index.json").read_text())
+    m["model"] = str(other)
+    (tmp_path / "idx" / "index.json").write_text(json.dumps(m))
+    save_model(other, ExplicitMetric.identity(16), overwrite=True)
+    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
+                 "--out", str(tmp_path / "r"), *base]) == 2
+    assert "does not match index" in capsys.readouterr().err
+    assert main(["index", "--data", str(letter_job / "first"), "--model", str(other),
+                 "--out", str(tmp_path / "idx"), "--append", *base]) == 2
+    assert "was built with another model" in capsys.readouterr().err
+    # not an index
+    (tmp_path / "plain").mkdir()
+    assert main(["query", "--index", str(tmp_path / "plain"), "--queries", str(letter_job / "queries"),
+                 "--out", str(tmp_path / "r"), *base]) == 2
+    assert "is not an lshdist index (no index.json)" in capsys.readouterr().err
+    # unreachable scheduler
+    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
+                 "--out", str(tmp_path / "r"), "--scheduler", "tcp://127.0.0.1:9",
+                 "--connect-timeout", "1"]) == 2
+    assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:9'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
