@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from lshdist import __version__
@@ -48,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose > 1 else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("distributed", "bokeh", "tornado"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if args.verbose < 2 else logging.INFO)
+    if args.verbose < 2:  # Dask's INFO chatter (and shutdown tracebacks logged at INFO) off;
+        # distributed reads this when it is first imported, which happens after this point
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+        for noisy in ("distributed", "bokeh", "tornado"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except LshdistError as exc:

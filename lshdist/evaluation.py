@@ -146,5 +146,5 @@ def sweep(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, param: str,
                 "recall_at_k": recall_at_k(ids, truth, recall_k), "recall_k": recall_k,
                 "fraction_searched": float(ix.stats_["reranked"].mean() / N),
             })
-            log.info("sweep %s %s=%s: %s", name, param, v, out[-1])
+            log.debug("sweep %s %s=%s: %s", name, param, v, out[-1])
     return out

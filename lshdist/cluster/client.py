@@ -56,7 +56,9 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
             ) from None
     else:
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                               dashboard_address=":0", silence_logs=logging.WARNING)
+                               dashboard_address=":0",
+                               # task errors reach the driver; the rest is shutdown noise
+                               silence_logs=logging.CRITICAL)
         client = Client(cluster)
     try:
         log.info("Dask dashboard: %s (%d workers)", client.dashboard_link,

@@ -115,12 +115,13 @@ def build_index(client, *, data: str, model: str, out: str, bits: int = 256,
     try:
         entries = _wait(futures, "index")
     except BaseException:
-        client.cancel(futures)
+        client.cancel([*futures, family_f])
         for name in names:  # the manifest never named them: remove what the tasks wrote
             shutil.rmtree(out_path / "segments" / name, ignore_errors=True)
         if not manifest["segments"] and not (out_path / "index.json").exists():
             shutil.rmtree(out_path, ignore_errors=True)
         raise
+    client.cancel([*futures, family_f])
     new_manifest = {**manifest, "segments": manifest["segments"] + entries}
     new_manifest["rows"] = int(sum(e["rows"] for e in new_manifest["segments"]))
     write_manifest(out_path, new_manifest)  # the swap: readers see the old or the new index
@@ -176,5 +177,5 @@ def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        client.cancel(segs)
+        client.cancel([*segs, family_f])
     return {"queries": n, "segments": len(segs), "out": str(out_path)}
