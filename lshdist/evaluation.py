@@ -79,7 +79,7 @@ def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4
         ix = MetricIndex(metric, bits=settings.bits, n_permutations=settings.n_permutations,
                          epsilon=settings.epsilon, window=settings.window,
                          hamming_keep=settings.hamming_keep, learned=learned,
-                         seed=settings.seed).fit(X_train)
+                         seed=settings.seed).fit(X_train, n_threads=settings.n_threads)
         t_build = time.perf_counter() - t0
         t0 = time.perf_counter()
         _, scan_ids = ix.query(X_test, kmax, mode="scan", n_threads=settings.n_threads)

@@ -85,13 +85,29 @@ def permuted_prefix(codes, positions):
     return out
 
 
+_K1 = np.uint64(0x5555555555555555)
+_K2 = np.uint64(0x3333333333333333)
+_K4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+_KF = np.uint64(0x0101010101010101)
+_S1 = np.uint64(1)
+_S2 = np.uint64(2)
+_S4 = np.uint64(4)
+_S56 = np.uint64(56)
+
+
+@njit(cache=True, nogil=True)
+def popcount64(x):
+    """Set bits of a uint64 (SWAR, branch-free)."""
+    x = x - ((x >> _S1) & _K1)
+    x = (x & _K2) + ((x >> _S2) & _K2)
+    x = (x + (x >> _S4)) & _K4
+    return (x * _KF) >> _S56
+
+
 @njit(cache=True, nogil=True)
 def hamming(a, b):
     """Hamming distance between two packed keys (1-d uint64 arrays)."""
-    d = 0
+    d = np.uint64(0)
     for i in range(a.shape[0]):
-        x = a[i] ^ b[i]
-        while x:
-            x &= x - _ONE
-            d += 1
-    return d
+        d += popcount64(a[i] ^ b[i])
+    return np.int64(d)

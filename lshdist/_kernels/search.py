@@ -61,8 +61,8 @@ def collect_candidates(cand, codes, qcodes, keep):
     distance of the full keys (0 keeps all).
 
     Candidates keep the order in which the lists found them (a stamp array, O(1) per entry,
-    instead of a sort); the Hamming selection is a stable sort over that order, so the result
-    depends only on the query's candidate row.
+    instead of a sort); the Hamming selection keeps the ``keep`` smallest distances, ties in
+    that order, so the result depends only on the query's candidate row.
 
     Returns offsets int64 (Q+1,), rows int64 (offsets[-1],), distinct int64 (Q,).
     """
@@ -75,6 +75,7 @@ def collect_candidates(cand, codes, qcodes, keep):
     pos = 0
     buf = np.empty(T, dtype=np.int64)
     ham = np.empty(T, dtype=np.int64)
+    hist = np.zeros(codes.shape[1] * 64 + 1, dtype=np.int64)
     for q in range(Q):
         n = 0
         for t in range(T):
@@ -85,11 +86,26 @@ def collect_candidates(cand, codes, qcodes, keep):
                 n += 1
         distinct[q] = n
         if keep > 0 and n > keep:
+            # counting selection: the keep smallest distances, ties in discovery order, O(n + b)
+            hist[:] = 0
             for t in range(n):
-                ham[t] = hamming(codes[buf[t]], qcodes[q])
-            order = np.argsort(ham[:n], kind="mergesort")
-            for t in range(keep):
-                rows[pos + t] = buf[order[t]]
+                h = hamming(codes[buf[t]], qcodes[q])
+                ham[t] = h
+                hist[h] += 1
+            cut = 0
+            total = hist[0]
+            while total < keep:
+                cut += 1
+                total += hist[cut]
+            room_at_cut = keep - (total - hist[cut])
+            j = 0
+            for t in range(n):
+                h = ham[t]
+                if h < cut or (h == cut and room_at_cut > 0):
+                    if h == cut:
+                        room_at_cut -= 1
+                    rows[pos + j] = buf[t]
+                    j += 1
             n = keep
         else:
             for t in range(n):

@@ -67,8 +67,10 @@ class PermutationIndex:
         self.hamming_keep = hamming_keep
         self.seed = seed
 
-    def fit(self, codes: np.ndarray, bits: int, payload, ids: np.ndarray | None = None):
-        """Build the lists from packed keys (N, words) and the re-rank payload."""
+    def fit(self, codes: np.ndarray, bits: int, payload, ids: np.ndarray | None = None, *,
+            n_threads: int = 1):
+        """Build the lists from packed keys (N, words) and the re-rank payload
+        (``n_threads`` threads over the permutations)."""
         codes = check_codes(codes, bits)
         N = codes.shape[0]
         if N == 0:
@@ -83,12 +85,25 @@ class PermutationIndex:
         rng = np.random.default_rng(self.seed)
         L = min(64, bits)
         positions = np.stack([rng.permutation(bits)[:L] for _ in range(M)]).astype(np.int64)
-        prefixes = permutation_prefixes(codes, positions)
-        order = np.argsort(prefixes, axis=1, kind="stable")
+        sorted_prefix = np.empty((M, N), dtype=np.uint64)
+        sorted_rows = np.empty((M, N), dtype=np.int64)
+
+        def build(part):
+            lo, hi = part
+            prefixes = permutation_prefixes(codes, positions[lo:hi])
+            order = np.argsort(prefixes, axis=1, kind="stable")
+            sorted_prefix[lo:hi] = np.take_along_axis(prefixes, order, 1)
+            sorted_rows[lo:hi] = order
+
+        parts = _split(M, n_threads)
+        if len(parts) > 1:  # the kernel and numpy's sort release the GIL
+            with ThreadPoolExecutor(len(parts)) as pool:
+                list(pool.map(build, parts))
+        else:
+            build((0, M))
         self._set_state(
             bits=bits, codes=codes, positions=positions,
-            sorted_prefix=np.ascontiguousarray(np.take_along_axis(prefixes, order, 1)),
-            sorted_rows=np.ascontiguousarray(order.astype(np.int64)),
+            sorted_prefix=sorted_prefix, sorted_rows=sorted_rows,
             payload=payload,
             ids=np.arange(N, dtype=np.int64) if ids is None else np.asarray(ids, np.int64),
         )

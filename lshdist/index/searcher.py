@@ -57,13 +57,13 @@ class MetricIndex:
         self.learned = learned
         self.seed = seed
 
-    def fit(self, X, ids=None) -> "MetricIndex":
+    def fit(self, X, ids=None, *, n_threads: int = 1) -> "MetricIndex":
         self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed, learned=self.learned)
         codes, payload = encode(self.metric, self.family_, X)
         self.index_ = PermutationIndex(
             n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
             hamming_keep=self.hamming_keep, seed=permutation_seed(self.seed),
-        ).fit(codes, self.family_.bits, payload, ids)
+        ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
         return self
 
     def query(self, Xq, k: int, *, mode: str = "hash", bulk: bool = True, n_threads: int = 1):

@@ -116,3 +116,27 @@ def test_bad_input():
         ix.query(X, 1, mode="fast")
     with pytest.raises(InputError, match="window=0"):
         PermutationIndex(n_permutations=2, window=0).fit(ix.index_.codes_, 16, ix.index_.payload_)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), keep=st.integers(0, 12), bits=st.sampled_from([3, 64, 130]))
+def test_collect_candidates_matches_numpy(seed, keep, bits):
+    from lshdist._kernels.search import collect_candidates
+
+    rng = np.random.default_rng(seed)
+    words = (bits + 63) // 64
+    codes = rng.integers(0, 2**63, size=(40, words), dtype=np.int64).astype(np.uint64)
+    codes[:, -1] &= np.uint64(~((1 << (words * 64 - bits)) - 1) & (2**64 - 1))  # b bits only
+    qcodes = codes[rng.integers(0, 40, 3)]
+    cand = rng.integers(-1, 40, size=(3, 25))
+    off, rows, distinct = collect_candidates(cand, codes, qcodes, keep)
+    for q in range(3):
+        seen = list(dict.fromkeys(v for v in cand[q].tolist() if v >= 0))  # discovery order
+        assert distinct[q] == len(seen)
+        if keep and len(seen) > keep:
+            ham = [sum(bin(int(a) ^ int(b)).count("1") for a, b in zip(codes[v], qcodes[q])) for v in seen]
+            order = np.argsort(ham, kind="stable")[:keep]
+            expect = sorted([seen[i] for i in order], key=seen.index)
+        else:
+            expect = seen
+        assert rows[off[q] : off[q + 1]].tolist() == expect

@@ -1,0 +1,339 @@
+"""Shared helpers for lshdist's benchmarks (see /work/shared/BENCHMARKS.md).
+
+Import this module FIRST in every benchmark script, before numpy, faiss, hnswlib or lshdist:
+it pins the thread count of every BLAS / OpenMP / numba pool through environment variables,
+which only take effect if they are set before those libraries load.
+
+Environment
+-----------
+BENCH_THREADS     thread count (default 2, the calibration machines' core count)
+LSHDIST_DATA_DIR  data directory (default /work/shared/datasets)
+BENCH_NUMBA_CACHE "fresh" (default): numba's on-disk cache goes to a new temporary directory,
+                  so the first call of every kernel pays the real compile, which is then
+                  reported apart; "keep": numba's default cache location.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+N_THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = str(N_THREADS)
+if os.environ.get("BENCH_NUMBA_CACHE", "fresh") == "fresh":
+    # a cold cache outside the source tree: compile time is measured for real, and nothing is
+    # written under lshdist/
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="lshdist-bench-numba-")
+
+if "numpy" in sys.modules:  # pragma: no cover - a guard for misuse
+    print("warning: numpy was imported before benchmarks/common.py; thread pinning may not hold",
+          file=sys.stderr)
+
+import datetime as _dt  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+BENCH_DIR = Path(__file__).resolve().parent
+LOADAVG_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_DATA_DIR = "/work/shared/datasets"
+
+
+# --------------------------------------------------------------------------- threads
+
+def pin_threads(n: int = N_THREADS) -> dict:
+    """Pin the peers' thread pools (FAISS, numba) to ``n``; return what was set.
+
+    hnswlib takes its thread count per index: call ``index.set_num_threads(n)`` (see
+    `hnsw_pin`).
+    """
+    done = {"env": n}
+    try:
+        import faiss
+        faiss.omp_set_num_threads(n)
+        done["faiss"] = faiss.omp_get_max_threads()
+    except ImportError:
+        pass
+    try:
+        import numba
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        done["numba"] = numba.get_num_threads()
+    except ImportError:
+        pass
+    return done
+
+
+def hnsw_pin(index, n: int = N_THREADS):
+    index.set_num_threads(n)
+    return index
+
+
+# --------------------------------------------------------------------------- data
+
+def data_dir() -> Path:
+    d = Path(os.environ.get("LSHDIST_DATA_DIR", DEFAULT_DATA_DIR))
+    if not d.is_dir():
+        raise FileNotFoundError(f"data directory {d} not found; set LSHDIST_DATA_DIR")
+    return d
+
+
+def load_letter(n_train: int = 16000):
+    """UCI Letter: ``(Xtr, ytr, Xte, yte)``; float32 features, int64 labels 0..25 (A..Z).
+
+    The first 16,000 rows train, the last 4,000 test (the UCI split).
+    """
+    path = data_dir() / "letter" / "letter-recognition.data"
+    rows = [line.strip().split(",") for line in path.read_text().splitlines() if line.strip()]
+    y = np.array([ord(r[0]) - ord("A") for r in rows], dtype=np.int64)
+    X = np.array([[float(v) for v in r[1:]] for r in rows], dtype=np.float32)
+    if X.shape != (20000, 16):
+        raise ValueError(f"unexpected Letter shape {X.shape}")
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+
+
+def _idx(path: Path, offset: int) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8, offset=offset)
+
+
+def load_fashion():
+    """Fashion-MNIST: ``(Xtr, ytr, Xte, yte)``; float32 (60000, 784) / (10000, 784), raw 0..255."""
+    d = data_dir() / "fashion-mnist"
+    Xtr = _idx(d / "train-images-idx3-ubyte.gz", 16).reshape(-1, 784).astype(np.float32)
+    ytr = _idx(d / "train-labels-idx1-ubyte.gz", 8).astype(np.int64)
+    Xte = _idx(d / "t10k-images-idx3-ubyte.gz", 16).reshape(-1, 784).astype(np.float32)
+    yte = _idx(d / "t10k-labels-idx1-ubyte.gz", 8).astype(np.int64)
+    if Xtr.shape != (60000, 784) or Xte.shape != (10000, 784):
+        raise ValueError(f"unexpected Fashion-MNIST shapes {Xtr.shape}, {Xte.shape}")
+    return np.ascontiguousarray(Xtr), ytr, np.ascontiguousarray(Xte), yte
+
+
+# --------------------------------------------------------------------------- timing
+
+def timed(fn, repeats: int = 3, warmup: int = 1):
+    """``(median_seconds, last_result)`` of ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def timed_all(fn, repeats: int = 3, warmup: int = 1):
+    """Like `timed`, but also returns the warm-up times and every timed run:
+    ``(median, last_result, {"warmup": [...], "runs": [...]})``."""
+    warm, times, out = [], [], None
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        out = fn()
+        warm.append(time.perf_counter() - t0)
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out, {"warmup": warm, "runs": times}
+
+
+def once(fn):
+    """``(seconds, result)`` of a single call."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+# --------------------------------------------------------------------------- quality
+
+def recall_at_k(ids: np.ndarray, true_ids: np.ndarray, k: int) -> float:
+    """Mean over queries of ``|ids[:k] ∩ true_ids[:k]| / k`` (-1 padding never matches)."""
+    ids = np.asarray(ids)[:, :k]
+    true_ids = np.asarray(true_ids)[:, :k]
+    hits = 0
+    for a, b in zip(ids, true_ids):
+        hits += len(np.intersect1d(a[a >= 0], b))
+    return hits / (k * len(true_ids))
+
+
+def exact_knn_l2(Xdb: np.ndarray, Xq: np.ndarray, k: int, chunk: int = 2048):
+    """Exact L2 k-NN by brute force in float64: ``(sq_dists, ids)``, ascending, (Q, k)."""
+    Xdb = np.asarray(Xdb, np.float64)
+    nd = np.einsum("ij,ij->i", Xdb, Xdb)
+    D_out, I_out = [], []
+    for s in range(0, len(Xq), chunk):
+        q = np.asarray(Xq[s:s + chunk], np.float64)
+        D = nd[None, :] - 2 * q @ Xdb.T + np.einsum("ij,ij->i", q, q)[:, None]
+        I = np.argpartition(D, k - 1, axis=1)[:, :k]
+        Dk = np.take_along_axis(D, I, 1)
+        o = np.argsort(Dk, axis=1, kind="stable")
+        I_out.append(np.take_along_axis(I, o, 1))
+        D_out.append(np.maximum(np.take_along_axis(Dk, o, 1), 0.0))
+    return np.concatenate(D_out), np.concatenate(I_out)
+
+
+def knn_vote(neighbor_labels: np.ndarray) -> np.ndarray:
+    """Majority vote per row of (Q, k) labels ordered nearest first; a tie goes to the tied
+    class met first in that order (the nearest neighbour's class when it is tied)."""
+    out = np.empty(len(neighbor_labels), dtype=neighbor_labels.dtype)
+    for i, row in enumerate(neighbor_labels):
+        classes, first, counts = np.unique(row, return_index=True, return_counts=True)
+        best = counts == counts.max()
+        out[i] = classes[best][np.argmin(first[best])]
+    return out
+
+
+def knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4)) -> dict:
+    """k-NN accuracy on transformed vectors with exact L2 neighbours, for each k."""
+    kmax = max(ks)
+    _, I = exact_knn_l2(Ztr, Zte, kmax)
+    lab = np.asarray(ytr)[I]
+    return {k: float(np.mean(knn_vote(lab[:, :k]) == np.asarray(yte))) for k in ks}
+
+
+# --------------------------------------------------------------------------- reporting
+
+def machine_info() -> dict:
+    info = {
+        "cpus_logical": os.cpu_count(),
+        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["ram_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+def versions(*modules: str) -> dict:
+    out = {}
+    for name in ("lshdist", "numpy", "numba", *modules):
+        try:
+            mod = __import__(name)
+        except ImportError:
+            out[name] = None
+            continue
+        v = getattr(mod, "__version__", None)
+        if v is None:
+            import importlib.metadata as md
+            dist = {"faiss": "faiss-cpu", "sklearn": "scikit-learn",
+                    "metric_learn": "metric-learn"}.get(name, name)
+            try:
+                v = md.version(dist)
+            except md.PackageNotFoundError:
+                v = "?"
+        out[name] = v
+    return out
+
+
+def md_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "_(no rows)_\n"
+    cols = columns or list(dict.fromkeys(c for r in rows for c in r))
+
+    def fmt(v):
+        if v is None:
+            return "–"
+        if isinstance(v, float):
+            if v != v:
+                return "nan"
+            a = abs(v)
+            if a == 0:
+                return "0"
+            if a >= 100:
+                return f"{v:,.1f}"
+            if a >= 1:
+                return f"{v:.2f}" if a < 10 else f"{v:.1f}"
+            return f"{v:.3g}" if a >= 1e-3 else f"{v:.2e}"
+        return str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(o):
+    if isinstance(o, dict):
+        return {str(k): _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
+        return str(o)
+    return o
+
+
+def _exe() -> str:
+    rel = os.path.relpath(sys.executable, os.getcwd())
+    return rel if not rel.startswith("..") else sys.executable
+
+
+def _fmt_load(la) -> str:
+    return "n/a" if la is None else "/".join(f"{v:.1f}" for v in la)
+
+
+def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
+                  notes: list[str] | None = None, extra: dict | None = None,
+                  peer_modules: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """Write ``benchmarks/results/<name>.json`` and ``.md``; return both paths."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [_exe(), *sys.argv]),
+        "cwd": os.getcwd(),
+        "threads": N_THREADS,
+        "numba_cache": os.environ.get("NUMBA_CACHE_DIR", "default"),
+        "machine": machine_info(),
+        "loadavg_start": LOADAVG_AT_START,
+        "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "versions": versions(*peer_modules),
+        "data_dir": str(data_dir()),
+    }
+    payload = {"name": name, "title": title, "meta": meta, "tables": tables,
+               "notes": notes or [], "extra": extra or {}}
+    jpath = RESULTS_DIR / f"{name}.json"
+    jpath.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+
+    m = meta["machine"]
+    md = [f"# {title}", "",
+          f"- date: {meta['date']}",
+          f"- machine: {m.get('cpus_logical')} logical CPUs ({m.get('cpus_available')} available), "
+          f"{m.get('ram_gib')} GiB RAM, {m.get('cpu_model', '?')}",
+          f"- threads pinned: {N_THREADS}",
+          f"- load average (1, 5, 15 min) at start {_fmt_load(meta['loadavg_start'])}, "
+          f"at end {_fmt_load(meta['loadavg_end'])} (other processes share these cores)",
+          "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+          f"- command: `cd {meta['cwd']} && {meta['command']}`",
+          f"- data: {meta['data_dir']}", ""]
+    for tname, rows in tables.items():
+        md += [f"## {tname}", "", md_table(rows)]
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    mpath = RESULTS_DIR / f"{name}.md"
+    mpath.write_text("\n".join(md))
+    return jpath, mpath
