@@ -204,3 +204,35 @@ def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindice
             dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
+
+
+@njit(cache=True, nogil=True)
+def smallest_per_row(D, kk):
+    """Column indices of the ``kk`` smallest entries of every row of ``D`` (unordered ties
+    resolved towards lower columns), int64 (Q, kk), sorted by column.  One pass per row with an
+    insertion buffer: nearly every entry is rejected by a single comparison."""
+    Q, N = D.shape
+    kk = min(kk, N)
+    out = np.empty((Q, kk), dtype=np.int64)
+    vals = np.empty(kk, dtype=D.dtype)
+    idx = np.empty(kk, dtype=np.int64)
+    for q in range(Q):
+        n = 0
+        row = D[q]
+        for j in range(N):
+            v = row[j]
+            if n < kk:
+                t = n
+                n += 1
+            elif v < vals[kk - 1]:
+                t = kk - 1
+            else:
+                continue
+            while t > 0 and vals[t - 1] > v:
+                vals[t] = vals[t - 1]
+                idx[t] = idx[t - 1]
+                t -= 1
+            vals[t] = v
+            idx[t] = j
+        out[q] = np.sort(idx)
+    return out

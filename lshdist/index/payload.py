@@ -47,7 +47,11 @@ class DensePayload:
         Z, Zq = self.Z, query.Z
         if not hasattr(self, "_norms"):
             self._norms = np.einsum("ij,ij->i", Z, Z)
-        return self._norms[None, :] + np.einsum("ij,ij->i", Zq, Zq)[:, None] - 2 * (Zq @ Z.T)
+        D = Zq @ Z.T
+        D *= -2.0
+        D += self._norms[None, :]
+        D += np.einsum("ij,ij->i", Zq, Zq)[:, None]
+        return D
 
 
 class KernelPayload:

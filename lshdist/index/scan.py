@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from lshdist._kernels.search import smallest_per_row
 from lshdist.validation import check_k
 
 #: extra rows re-checked with the exact difference form after the BLAS expansion, so rounding
@@ -28,12 +29,7 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
     def one(start):
         stop = min(Q, start + block)
         qp = qpayload.take(slice(start, stop))
-        D = payload.distances(qp)
-        if kk < N:
-            cand = np.argpartition(D, kk - 1, axis=1)[:, :kk]
-        else:
-            cand = np.broadcast_to(np.arange(N), D.shape)
-        cand = np.sort(cand, axis=1).astype(np.int64)
+        cand = smallest_per_row(payload.distances(qp), kk)
         offsets = np.arange(0, cand.size + 1, kk, dtype=np.int64)
         return payload.rerank(offsets, np.ascontiguousarray(cand).ravel(), qp, k, tiebreak)
 

@@ -140,3 +140,14 @@ def test_collect_candidates_matches_numpy(seed, keep, bits):
         else:
             expect = seen
         assert rows[off[q] : off[q + 1]].tolist() == expect
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), kk=st.integers(1, 30), n=st.integers(1, 60))
+def test_smallest_per_row_matches_numpy(seed, kk, n):
+    from lshdist._kernels.search import smallest_per_row
+
+    D = np.random.default_rng(seed).integers(0, 7, size=(4, n)).astype(np.float32)  # ties
+    got = smallest_per_row(D, kk)
+    expect = np.sort(np.argsort(D, axis=1, kind="stable")[:, : min(kk, n)], axis=1)
+    assert np.array_equal(got, expect)
