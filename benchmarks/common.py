@@ -27,6 +27,9 @@ if os.environ.get("BENCH_NUMBA_CACHE", "fresh") == "fresh":
     # a cold cache outside the source tree: compile time is measured for real, and nothing is
     # written under lshdist/
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="lshdist-bench-numba-")
+    import atexit
+    import shutil
+    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
 if "numpy" in sys.modules:  # pragma: no cover - a guard for misuse
     print("warning: numpy was imported before benchmarks/common.py; thread pinning may not hold",
@@ -265,7 +268,7 @@ def md_table(rows: list[dict], columns: list[str] | None = None) -> str:
                 return f"{v:,.1f}"
             if a >= 1:
                 return f"{v:.2f}" if a < 10 else f"{v:.1f}"
-            return f"{v:.3g}" if a >= 1e-3 else f"{v:.2e}"
+            return f"{v:.3f}" if a >= 1e-3 else f"{v:.2e}"
         return str(v)
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
@@ -286,6 +289,23 @@ def _jsonable(o):
     if isinstance(o, float) and (o != o or o in (float("inf"), float("-inf"))):
         return str(o)
     return o
+
+
+def git_state() -> dict:
+    """Commit of the lshdist checkout and whether lshdist/ had uncommitted edits at start-up."""
+    import subprocess
+    root = BENCH_DIR.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "lshdist"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return {"commit": head or None, "lshdist_dirty": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "lshdist_dirty": None}
+
+
+GIT_AT_START = git_state()  # taken at import, i.e. when the lshdist code in use was loaded
 
 
 def _exe() -> str:
@@ -310,6 +330,7 @@ def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
         "numba_cache": os.environ.get("NUMBA_CACHE_DIR", "default"),
         "machine": machine_info(),
         "loadavg_start": LOADAVG_AT_START,
+        "git_at_start": GIT_AT_START,
         "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "versions": versions(*peer_modules),
         "data_dir": str(data_dir()),
@@ -318,15 +339,26 @@ def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
                "notes": notes or [], "extra": extra or {}}
     jpath = RESULTS_DIR / f"{name}.json"
     jpath.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+    mpath = RESULTS_DIR / f"{name}.md"
+    mpath.write_text(render_md(payload))
+    return jpath, mpath
 
+
+def render_md(payload: dict) -> str:
+    """The markdown report of a results payload (as written to / read from the JSON)."""
+    meta, title, tables, notes = (payload["meta"], payload["title"], payload["tables"],
+                                  payload["notes"])
     m = meta["machine"]
     md = [f"# {title}", "",
           f"- date: {meta['date']}",
           f"- machine: {m.get('cpus_logical')} logical CPUs ({m.get('cpus_available')} available), "
           f"{m.get('ram_gib')} GiB RAM, {m.get('cpu_model', '?')}",
-          f"- threads pinned: {N_THREADS}",
+          f"- threads pinned: {meta['threads']}",
           f"- load average (1, 5, 15 min) at start {_fmt_load(meta['loadavg_start'])}, "
           f"at end {_fmt_load(meta['loadavg_end'])} (other processes share these cores)",
+          f"- lshdist checkout at start: commit {meta['git_at_start']['commit']}"
+          + (" + uncommitted edits under lshdist/" if meta['git_at_start']['lshdist_dirty'] else "")
+          + " (another engineer edits lshdist concurrently)",
           "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
           f"- command: `cd {meta['cwd']} && {meta['command']}`",
           f"- data: {meta['data_dir']}", ""]
@@ -334,6 +366,11 @@ def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
         md += [f"## {tname}", "", md_table(rows)]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    mpath = RESULTS_DIR / f"{name}.md"
-    mpath.write_text("\n".join(md))
-    return jpath, mpath
+    return "\n".join(md)
+
+
+if __name__ == "__main__":  # re-render the markdown of stored results: common.py results/x.json
+    for arg in sys.argv[1:]:
+        p = Path(arg)
+        p.with_suffix(".md").write_text(render_md(json.loads(p.read_text())))
+        print(f"rendered {p.with_suffix('.md')}")
