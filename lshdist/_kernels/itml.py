@@ -22,6 +22,16 @@ def _project_scalars(p, lam, xi, delta, gamma):
 
 
 @njit(cache=True, nogil=True)
+def _dual_change(lam, lam_old):
+    """metric-learn's convergence measure ``sum|lam - lam_old| / (||lam|| + ||lam_old||)``;
+    inf when both are zero (no constraint was ever active: nothing left to do)."""
+    normsum = np.sqrt(np.sum(lam * lam)) + np.sqrt(np.sum(lam_old * lam_old))
+    if normsum == 0.0:
+        return np.inf
+    return np.sum(np.abs(lam_old - lam)) / normsum
+
+
+@njit(cache=True, nogil=True)
 def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
     """Cyclic ITML projections on an explicit matrix, in place.
 
@@ -68,12 +78,8 @@ def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
                 br = beta * Av[r]
                 for k in range(d):
                     A[r, k] += br * Av[k]
-        normsum = np.sqrt(np.sum(lam * lam)) + np.sqrt(np.sum(lam_old * lam_old))
-        if normsum == 0.0:
-            conv = np.inf
-            break
-        conv = np.sum(np.abs(lam_old - lam)) / normsum
-        if conv < tol:
+        conv = _dual_change(lam, lam_old)
+        if conv < tol or np.isinf(conv):
             break
         lam_old[:] = lam
     return it, conv
@@ -142,12 +148,8 @@ def itml_basis(K0, S, K, I, J, delta, xi, gamma, max_iter, tol):
                 ar = alpha_l * a[r]
                 for k in range(c):
                     S[r, k] += ar * bt[k]
-        normsum = np.sqrt(np.sum(lam * lam)) + np.sqrt(np.sum(lam_old * lam_old))
-        if normsum == 0.0:
-            conv = np.inf
-            break
-        conv = np.sum(np.abs(lam_old - lam)) / normsum
-        if conv < tol:
+        conv = _dual_change(lam, lam_old)
+        if conv < tol or np.isinf(conv):
             break
         lam_old[:] = lam
     return it, conv

@@ -146,7 +146,6 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     Returns float32 (Q, k) distances (inf padded) and int64 (Q, k) rows (-1 padded).
     """
     Q = Zq.shape[0]
-    d = Z.shape[1]
     out_d = np.full((Q, k), np.inf, dtype=np.float32)
     out_r = np.full((Q, k), -1, dtype=np.int64)
     for q in range(Q):

@@ -123,7 +123,8 @@ def make_payload(metric, X, *, query: bool = False, kx: np.ndarray | None = None
     """The re-rank payload of rows ``X`` under ``metric`` (database or query side)."""
     if isinstance(metric, ExplicitMetric):
         return DensePayload(metric.transform(X))
-    assert isinstance(metric, ImplicitMetric)
+    if not isinstance(metric, ImplicitMetric):
+        raise InputError(f"no re-rank payload for a {type(metric).__name__}")
     X = metric.check(as_block(X))
     if metric.is_identity:
         kx = np.zeros((len(_sparse_arrays(X)[0]) - 1, 0))

@@ -84,3 +84,23 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for --scheduler (default 10)")
     g.add_argument("--in-process", action="store_true",
                    help="run the LocalCluster's workers as threads of this process")
+
+
+def add_hash_options(p: argparse.ArgumentParser, *, window: int = 8) -> None:
+    """b, epsilon | M, W and H: the hashing and search options of `index` and `evaluate`."""
+    p.add_argument("--bits", type=positive_int, default=256, metavar="b")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--epsilon", type=positive_float, metavar="e",
+                   help="M = ceil(2 n^(1/(1+e))) permutations for n indexed rows (default e=1)")
+    g.add_argument("--permutations", type=positive_int, metavar="M")
+    p.add_argument("--window", type=positive_int, default=window, metavar="W")
+    p.add_argument("--hamming-keep", type=int, default=0, metavar="H",
+                   help="re-rank only the H candidates nearest in Hamming distance (0: all)")
+
+
+def client_from_args(args: argparse.Namespace):
+    """The Dask client the cluster options ask for (a context manager)."""
+    from lshdist.cluster.client import dask_client
+
+    return dask_client(args.scheduler, workers=args.workers, processes=not args.in_process,
+                       timeout=args.connect_timeout)

@@ -8,14 +8,13 @@ import logging
 
 import numpy as np
 
-from lshdist.blocks import SparseBlock
 from lshdist.errors import InputError
 from lshdist.evaluation import HashSettings, evaluate, sweep
-from lshdist.jobs.common import add_learner_options, int_list, positive_float, positive_int
+from lshdist.jobs.common import add_hash_options, add_learner_options, int_list, positive_int
 from lshdist.jobs.learn import learn
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.plots import plot_bits, plot_recall
-from lshdist.store.atomic import atomic_dir
+from lshdist.store.atomic import atomic_dir, check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.model import load_model
 
@@ -31,14 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--test", required=True, metavar="DATASET")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--model", metavar="MODEL", help="a learned model (default: learn one)")
-    p.add_argument("--bits", type=positive_int, default=256, metavar="b")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--epsilon", type=positive_float, metavar="e",
-                   help="M = ceil(2 N^(1/(1+e))) permutations")
-    g.add_argument("--permutations", type=positive_int, metavar="M")
-    p.add_argument("--window", type=positive_int, default=8, metavar="W")
-    p.add_argument("--hamming-keep", type=int, default=0, metavar="H",
-                   help="re-rank only the H candidates nearest in Hamming distance (0: all)")
+    add_hash_options(p)
     p.add_argument("--k", type=int_list, default=[1, 4], metavar="K[,K...]")
     p.add_argument("--recall-k", type=positive_int, metavar="K",
                    help="recall@K (default: each k)")
@@ -61,8 +53,6 @@ def _baseline(ml, X_train):
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.store.atomic import check_output
-
     check_output(args.out, args.overwrite)
     train, test = Dataset(args.train), Dataset(args.test)
     if train.kind != test.kind:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index
-from lshdist.jobs.common import add_cluster_options, positive_float, positive_int
+from lshdist.jobs.common import add_cluster_options, add_hash_options, client_from_args, positive_int
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -16,14 +15,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="DATASET")
     p.add_argument("--model", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="INDEX")
-    p.add_argument("--bits", type=positive_int, default=256, metavar="b")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--epsilon", type=positive_float, metavar="e",
-                   help="M = ceil(2 n^(1/(1+e))) permutations per segment of n rows (default e=1)")
-    g.add_argument("--permutations", type=positive_int, metavar="M")
-    p.add_argument("--window", type=positive_int, default=8, metavar="W")
-    p.add_argument("--hamming-keep", type=int, default=0, metavar="H",
-                   help="re-rank only the H candidates nearest in Hamming distance (0: all)")
+    add_hash_options(p)
     p.add_argument("--segment-rows", type=positive_int, default=100_000, metavar="n")
     p.add_argument("--baseline", action="store_true",
                    help="Charikar's random hyperplanes instead of the learned hash functions")
@@ -37,8 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process,
-                     timeout=args.connect_timeout) as client:
+    with client_from_args(args) as client:
         m = build_index(client, data=args.data, model=args.model, out=args.out, bits=args.bits,
                         epsilon=args.epsilon, permutations=args.permutations,
                         window=args.window, hamming_keep=args.hamming_keep,

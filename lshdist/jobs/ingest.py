@@ -6,6 +6,7 @@ import argparse
 import logging
 import time
 
+from lshdist.jobs.common import positive_int
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import DEFAULT_SHARD_ROWS
 from lshdist.store.inputs import read_inputs
@@ -13,16 +14,6 @@ from lshdist.store.readers import FORMATS
 from lshdist.store.text import WEIGHTINGS
 
 logger = logging.getLogger(__name__)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
 
 
 def _row_range(text: str) -> tuple[int, int]:
@@ -47,7 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DATASET", help="output dataset directory")
     p.add_argument(
         "--shard-rows",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_SHARD_ROWS,
         metavar="N",
         help=f"rows per shard (default {DEFAULT_SHARD_ROWS})",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import query_index
-from lshdist.jobs.common import add_cluster_options, positive_int
+from lshdist.jobs.common import add_cluster_options, client_from_args, positive_int
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,8 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    with dask_client(args.scheduler, workers=args.workers, processes=not args.in_process,
-                     timeout=args.connect_timeout) as client:
+    with client_from_args(args) as client:
         r = query_index(client, index=args.index, queries=args.queries, k=args.k, out=args.out,
                         mode=args.mode, query_chunk=args.query_chunk, overwrite=args.overwrite)
     print(f"{r['queries']} queries x {r['segments']} segments -> {r['out']}")

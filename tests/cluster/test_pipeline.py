@@ -19,7 +19,6 @@ from lshdist.cli import main
 from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index, query_index
 from lshdist.cluster.tasks import merge_topk
-from lshdist.errors import InputError
 from lshdist.index import MetricIndex
 from lshdist.metric.learned import sq_euclidean
 from lshdist.store.model import load_model

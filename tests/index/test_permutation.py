@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index import MetricIndex, PermutationIndex
 from lshdist.index.params import permutations_for, resolve_permutations
-from lshdist.metric.learned import ExplicitMetric, sq_euclidean
+from lshdist.metric.learned import ExplicitMetric
 
 
 def test_permutations_from_epsilon():
