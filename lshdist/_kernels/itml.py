@@ -31,7 +31,12 @@ def _dual_change(lam, lam_old):
     return np.sum(np.abs(lam_old - lam)) / normsum
 
 
-@njit(cache=True, nogil=True)
+#: reassociation (with nsz/arcp) lets LLVM vectorise the O(d^2) loops: 3.5x at d=784.  No
+#: "no-inf/no-nan" flags: gamma may be inf and the convergence test compares with inf.
+_FAST = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
     """Cyclic ITML projections on an explicit matrix, in place.
 
@@ -85,7 +90,7 @@ def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
     return it, conv
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_FAST)
 def itml_basis(K0, S, K, I, J, delta, xi, gamma, max_iter, tol):
     """Kernelized ITML over basis points: eq. 5 on K and Lemma 2 on S, in place, O(c^2) each.
 

@@ -128,7 +128,7 @@ def _topk(dist, rows, k, out_d, out_r, q, tiebreak):
         out_r[q, t] = rows[order[t]]
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sq_dist_f32(a, b):
     s = np.float32(0.0)
     for j in range(a.shape[0]):
