@@ -177,7 +177,7 @@ def _sparse_dot(ia, xa, ib, xb):
     return s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindices, qdata, zq, sq, k,
                   tiebreak):
     """Exact implicit learned distance of every candidate, top-k ascending.

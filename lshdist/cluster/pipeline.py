@@ -62,10 +62,11 @@ def broadcast(client, obj):
 def _wait(futures, what: str) -> list:
     from distributed import as_completed
 
-    done, t0 = 0, time.perf_counter()
+    done, t0, n = 0, time.perf_counter(), len(futures)
     for _ in as_completed(futures):
         done += 1
-        log.info("%s: %d/%d tasks done (%.1fs)", what, done, len(futures), time.perf_counter() - t0)
+        bar = "#" * (20 * done // n)
+        log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, bar, done, n, time.perf_counter() - t0)
     return [f.result() for f in futures]
 
 
