@@ -27,6 +27,7 @@ FORMAT = "lshdist-index"
 VERSION = 1
 MANIFEST = "index.json"
 _PAYLOADS = {"dense": DensePayload, "kernel": KernelPayload}
+_UNCOMPRESSED = {"codes", "sorted_rows", "sorted_prefix"}
 
 
 def new_segment_name() -> str:
@@ -43,7 +44,10 @@ def write_segment(index_dir: str | os.PathLike, name: str, index: PermutationInd
     path = Path(index_dir) / "segments" / name
     g = zarr.open_group(str(path), mode="w", zarr_format=3)
     for key, a in arrays.items():
-        g.create_array(key, data=np.ascontiguousarray(a))
+        # the sorted lists and keys are near-random bits: compressing them costs more time
+        # (half of a segment's build, measured) than the space it saves
+        raw = key in _UNCOMPRESSED
+        g.create_array(key, data=np.ascontiguousarray(a), compressors=None if raw else "auto")
     g.attrs.update({"payload": index.payload_.kind, "bits": index.bits_})
     digest = hashlib.sha256(
         json.dumps({k: array_checksum(v) for k, v in sorted(arrays.items())}).encode()
