@@ -18,6 +18,8 @@ import numpy as np
 
 import faiss
 
+from lshdist.datasets import load_fashion_mnist
+from lshdist.evaluation import recall_at_k
 from lshdist.index.searcher import MetricIndex
 from lshdist.metric.learned import ExplicitMetric
 
@@ -44,7 +46,7 @@ def main():
     t_start = time.perf_counter()
     T = common.N_THREADS
     pinned = common.pin_threads(T)
-    Xtr, ytr, Xte, yte = common.load_fashion()
+    Xtr, ytr, Xte, yte = load_fashion_mnist()  # honours LSHDIST_DATA_DIR
     N, Q = len(Xtr), len(Xte)
     print(f"Fashion-MNIST database {Xtr.shape}, queries {Xte.shape}, k={K}, threads {pinned}")
 
@@ -98,7 +100,7 @@ def main():
         t_fit, ix, _ = common.timed_all(fit, REPEATS, WARMUP)
         t_q, (dist, ids), runs_q = common.timed_all(lambda: ix.query(Xte, K, n_threads=T),
                                                     REPEATS, WARMUP)
-        rec = common.recall_at_k(ids, I_true, K)
+        rec = recall_at_k(ids, I_true, K)
         searched = float(ix.stats_["reranked"].mean() / N)
         distinct = float(ix.stats_["distinct"].mean())
         total = t_fit + t_q
@@ -131,7 +133,7 @@ def main():
          "recall@10": row_b["recall@10"], "same ids": "–"},
         {"query mode": "bulk=False (binary search per query)", "M, W, H": str(BULK_FALSE_SETTING),
          "query s (alternating runs)": t_qb, "query s (sweep)": None,
-         "recall@10": common.recall_at_k(ids_b, I_true, K),
+         "recall@10": recall_at_k(ids_b, I_true, K),
          "same ids": "yes" if same else "NO"},
     ]
     print(f"lshdist bulk=False query {t_qb:.2f} s vs bulk=True {t_qt:.2f} s (alternating); same ids {same}")
@@ -173,7 +175,7 @@ def main():
 
         t_b, ix, _ = common.timed_all(build, REPEATS, WARMUP)
         t_q, (_, I), _ = common.timed_all(lambda: ix.search(Xte, K), REPEATS, WARMUP)
-        rec = common.recall_at_k(I, I_true, K)
+        rec = recall_at_k(I, I_true, K)
         lsh_rows.append({"nbits": nbits, "train_thresholds": trained, "recall@10": rec,
                          "build s": t_b, "query s": t_q, "total s": t_b + t_q,
                          "flat / total": ratio(t_b + t_q)})
@@ -198,7 +200,7 @@ def main():
             hix.set_ef(ef)
             t_q, (I, _), _ = common.timed_all(lambda: hix.knn_query(Xte, k=K, num_threads=T),
                                               REPEATS, WARMUP)
-            rec = common.recall_at_k(I.astype(np.int64), I_true, K)
+            rec = recall_at_k(I.astype(np.int64), I_true, K)
             hnsw_rows.append({"ef": ef, "recall@10": rec, "build s": t_hb, "query s": t_q,
                               "total s": t_hb + t_q, "queries/s": Q / t_q,
                               "flat / total": ratio(t_hb + t_q)})

@@ -17,6 +17,7 @@ import numpy as np
 
 import lshdist
 import metric_learn
+from lshdist.datasets import load_letter
 from lshdist.metric.constraints import random_pairs
 from lshdist.metric.itml import ITML
 
@@ -36,7 +37,8 @@ def bounds_from_sample(X: np.ndarray, n: int = 200, seed: int = 1) -> tuple[floa
 
 def main():
     threads = common.pin_threads()
-    Xtr, ytr, Xte, yte = common.load_letter()
+    split = load_letter()  # honours LSHDIST_DATA_DIR
+    Xtr, ytr, Xte, yte = split
     Xtr64 = Xtr.astype(np.float64)
     pairs, delta = random_pairs(ytr, N_CONSTRAINTS, np.random.default_rng(0))
     u, l = bounds_from_sample(Xtr)
@@ -91,7 +93,7 @@ def main():
     ]
     acc_rows = []
     for name, Ztr, Zte in variants:
-        acc = common.knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4))
+        acc = common.knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4), n_classes=len(split.classes))
         acc_rows.append({"metric": name, "1-NN acc": acc[1], "4-NN acc": acc[4]})
         print(f"  {name}: 1-NN {acc[1]:.4f}  4-NN {acc[4]:.4f}")
 

@@ -7,7 +7,8 @@ which only take effect if they are set before those libraries load.
 Environment
 -----------
 BENCH_THREADS     thread count (default 2, the calibration machines' core count)
-LSHDIST_DATA_DIR  data directory (default /work/shared/datasets)
+LSHDIST_DATA_DIR  data directory (read by lshdist.datasets; default ../shared/datasets
+                  beside the checkout, i.e. /work/shared/datasets)
 BENCH_NUMBA_CACHE "fresh" (default): numba's on-disk cache goes to a new temporary directory,
                   so the first call of every kernel pays the real compile, which is then
                   reported apart; "keep": numba's default cache location.
@@ -20,23 +21,33 @@ import sys
 import tempfile
 
 N_THREADS = int(os.environ.get("BENCH_THREADS", "2"))
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-             "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
-    os.environ[_var] = str(N_THREADS)
-if os.environ.get("BENCH_NUMBA_CACHE", "fresh") == "fresh":
-    # a cold cache outside the source tree: compile time is measured for real, and nothing is
-    # written under lshdist/
-    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="lshdist-bench-numba-")
-    import atexit
-    import shutil
-    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
+# Worker processes that a benchmark spawns (Dask's LocalCluster, multiprocessing "spawn")
+# re-import the script, and with it this module.  There the environment the spawner gave must
+# stand: the thread counts it chose for the workers' BLAS / OpenMP / numba pools (Dask's own
+# 1-thread defaults yield to variables already set in the parent, so a benchmark sets the
+# workers' values itself around the spawn; see bench_distributed.worker_environment) and its
+# numba cache (shared, not a new empty one per worker, removed at the worker's exit).  Only the
+# benchmark process itself pins threads and picks the cache.
+_BENCH_PID_VAR = "LSHDIST_BENCH_PID"
+IN_SPAWNED_CHILD = os.environ.get(_BENCH_PID_VAR, str(os.getpid())) != str(os.getpid())
+if not IN_SPAWNED_CHILD:
+    os.environ[_BENCH_PID_VAR] = str(os.getpid())
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                 "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[_var] = str(N_THREADS)
+    if os.environ.get("BENCH_NUMBA_CACHE", "fresh") == "fresh":
+        # a cold cache outside the source tree: compile time is measured for real, and nothing
+        # is written under lshdist/
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="lshdist-bench-numba-")
+        import atexit
+        import shutil
+        atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
-if "numpy" in sys.modules:  # pragma: no cover - a guard for misuse
+if "numpy" in sys.modules and not IN_SPAWNED_CHILD:  # pragma: no cover - misuse guard
     print("warning: numpy was imported before benchmarks/common.py; thread pinning may not hold",
           file=sys.stderr)
 
 import datetime as _dt  # noqa: E402
-import gzip  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
@@ -49,7 +60,6 @@ import numpy as np  # noqa: E402
 BENCH_DIR = Path(__file__).resolve().parent
 LOADAVG_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
 RESULTS_DIR = BENCH_DIR / "results"
-DEFAULT_DATA_DIR = "/work/shared/datasets"
 
 
 # --------------------------------------------------------------------------- threads
@@ -82,43 +92,16 @@ def hnsw_pin(index, n: int = N_THREADS):
 
 
 # --------------------------------------------------------------------------- data
+# The datasets come from `lshdist.datasets` (the readers ``lshdist ingest`` uses; they honour
+# LSHDIST_DATA_DIR): call ``lshdist.datasets.load_letter()`` / ``load_fashion_mnist()`` directly.
+# Each returns a `Split` (X_train, y_train, X_test, y_test, classes) that unpacks as the 4-tuple;
+# features float32 C-contiguous, labels int32 codes into ``classes``.
 
 def data_dir() -> Path:
-    d = Path(os.environ.get("LSHDIST_DATA_DIR", DEFAULT_DATA_DIR))
-    if not d.is_dir():
-        raise FileNotFoundError(f"data directory {d} not found; set LSHDIST_DATA_DIR")
-    return d
-
-
-def load_letter(n_train: int = 16000):
-    """UCI Letter: ``(Xtr, ytr, Xte, yte)``; float32 features, int64 labels 0..25 (A..Z).
-
-    The first 16,000 rows train, the last 4,000 test (the UCI split).
-    """
-    path = data_dir() / "letter" / "letter-recognition.data"
-    rows = [line.strip().split(",") for line in path.read_text().splitlines() if line.strip()]
-    y = np.array([ord(r[0]) - ord("A") for r in rows], dtype=np.int64)
-    X = np.array([[float(v) for v in r[1:]] for r in rows], dtype=np.float32)
-    if X.shape != (20000, 16):
-        raise ValueError(f"unexpected Letter shape {X.shape}")
-    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
-
-
-def _idx(path: Path, offset: int) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), np.uint8, offset=offset)
-
-
-def load_fashion():
-    """Fashion-MNIST: ``(Xtr, ytr, Xte, yte)``; float32 (60000, 784) / (10000, 784), raw 0..255."""
-    d = data_dir() / "fashion-mnist"
-    Xtr = _idx(d / "train-images-idx3-ubyte.gz", 16).reshape(-1, 784).astype(np.float32)
-    ytr = _idx(d / "train-labels-idx1-ubyte.gz", 8).astype(np.int64)
-    Xte = _idx(d / "t10k-images-idx3-ubyte.gz", 16).reshape(-1, 784).astype(np.float32)
-    yte = _idx(d / "t10k-labels-idx1-ubyte.gz", 8).astype(np.int64)
-    if Xtr.shape != (60000, 784) or Xte.shape != (10000, 784):
-        raise ValueError(f"unexpected Fashion-MNIST shapes {Xtr.shape}, {Xte.shape}")
-    return np.ascontiguousarray(Xtr), ytr, np.ascontiguousarray(Xte), yte
+    """The data directory in use (``lshdist.datasets.data_dir``: LSHDIST_DATA_DIR, else
+    ``../shared/datasets`` beside the checkout)."""
+    from lshdist.datasets import data_dir as _lshdist_data_dir
+    return _lshdist_data_dir()
 
 
 # --------------------------------------------------------------------------- timing
@@ -158,16 +141,7 @@ def once(fn):
 
 
 # --------------------------------------------------------------------------- quality
-
-def recall_at_k(ids: np.ndarray, true_ids: np.ndarray, k: int) -> float:
-    """Mean over queries of ``|ids[:k] ∩ true_ids[:k]| / k`` (-1 padding never matches)."""
-    ids = np.asarray(ids)[:, :k]
-    true_ids = np.asarray(true_ids)[:, :k]
-    hits = 0
-    for a, b in zip(ids, true_ids):
-        hits += len(np.intersect1d(a[a >= 0], b))
-    return hits / (k * len(true_ids))
-
+# recall@k: use `lshdist.evaluation.recall_at_k(found, truth, k)` (-1 padding never matches).
 
 def exact_knn_l2(Xdb: np.ndarray, Xq: np.ndarray, k: int, chunk: int = 2048):
     """Exact L2 k-NN by brute force in float64: ``(sq_dists, ids)``, ascending, (Q, k)."""
@@ -185,23 +159,21 @@ def exact_knn_l2(Xdb: np.ndarray, Xq: np.ndarray, k: int, chunk: int = 2048):
     return np.concatenate(D_out), np.concatenate(I_out)
 
 
-def knn_vote(neighbor_labels: np.ndarray) -> np.ndarray:
-    """Majority vote per row of (Q, k) labels ordered nearest first; a tie goes to the tied
-    class met first in that order (the nearest neighbour's class when it is tied)."""
-    out = np.empty(len(neighbor_labels), dtype=neighbor_labels.dtype)
-    for i, row in enumerate(neighbor_labels):
-        classes, first, counts = np.unique(row, return_index=True, return_counts=True)
-        best = counts == counts.max()
-        out[i] = classes[best][np.argmin(first[best])]
-    return out
+def knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4), n_classes: int | None = None) -> dict:
+    """k-NN accuracy on transformed vectors with exact L2 neighbours, for each k.
 
+    The vote is `lshdist.evaluation.knn_predict` (majority, a tie to the tied class of the
+    nearest neighbour); labels must be codes 0..n_classes-1 (default: max label + 1).
+    """
+    from lshdist.evaluation import knn_predict
 
-def knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4)) -> dict:
-    """k-NN accuracy on transformed vectors with exact L2 neighbours, for each k."""
+    ytr, yte = np.asarray(ytr), np.asarray(yte)
+    if n_classes is None:
+        n_classes = int(max(ytr.max(), yte.max())) + 1
     kmax = max(ks)
     _, I = exact_knn_l2(Ztr, Zte, kmax)
-    lab = np.asarray(ytr)[I]
-    return {k: float(np.mean(knn_vote(lab[:, :k]) == np.asarray(yte))) for k in ks}
+    lab = ytr[I]
+    return {k: float(np.mean(knn_predict(lab, k, n_classes) == yte)) for k in ks}
 
 
 # --------------------------------------------------------------------------- reporting
