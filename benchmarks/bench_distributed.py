@@ -15,7 +15,7 @@ Stages, each the median of 3 runs after a warm-up, the two clusters alternated r
 - encode: the database encode alone, with the pipeline's own pieces -- one task per segment
   range that reads the rows (``Dataset.read_rows``) and runs ``searcher.encode(metric, family,
   X)`` with ``family_for(metric, bits=256, seed=0, learned=True)`` broadcast as build_index
-  does (``pipeline.broadcast``); the model is loaded from disk first, as build_index does;
+  does (``pipeline.broadcast_family``: one task loads the model and builds the family, then it is replicated);
 - index: ``build_index`` (encode + PermutationIndex fit + segment write, one task per segment);
   build = index - encode;
 - query: ``query_index``;
@@ -272,7 +272,8 @@ def main():
 
     from distributed import get_task_stream
     from lshdist.cluster.client import dask_client
-    from lshdist.cluster.pipeline import broadcast, build_index, query_index
+    from lshdist.cluster.pipeline import broadcast_family, build_index, query_index
+    from lshdist.store.model import read_model_meta
     from lshdist.datasets import load_fashion_mnist
     from lshdist.evaluation import knn_predict, recall_at_k
     from lshdist.metric.learned import ExplicitMetric
@@ -374,19 +375,17 @@ def main():
         def run_encode(client, n):
             # the driver-side steps of build_index, timed one by one
             t0 = time.perf_counter()
-            m, _ = load_model(model_p)
-            t1 = time.perf_counter()
-            family = family_for(m, bits=BITS, seed=0, learned=True)
-            t2 = time.perf_counter()
-            fam = broadcast(client, family)
+            read_model_meta(model_p)
+            t1 = t2 = time.perf_counter()
+            fam = broadcast_family(client, model_p, bits=BITS, seed=0, learned=True)
             t3 = time.perf_counter()
             futs = [client.submit(encode_rows, train_p, a, b, fam, pure=False)
                     for a, b in ranges]
             rows = sum(client.gather(futs))
             client.cancel([*futs, fam])
             t4 = time.perf_counter()
-            driver_steps[n].append({"load_model": t1 - t0, "family_for": t2 - t1,
-                                    "broadcast (submit + replicate)": t3 - t2,
+            driver_steps[n].append({"read model.json": t1 - t0,
+                                    "broadcast_family (load + build on a worker, replicate)": t3 - t2,
                                     "tasks (submit .. gather)": t4 - t3})
             assert rows == N
             return rows
@@ -408,8 +407,7 @@ def main():
             scratch = work / f"profile-{n}"
             shutil.rmtree(scratch, ignore_errors=True)
             (scratch / "segments").mkdir(parents=True)
-            m, _ = load_model(model_p)
-            fam = broadcast(client, family_for(m, bits=BITS, seed=0, learned=True))
+            fam = broadcast_family(client, model_p, bits=BITS, seed=0, learned=True)
             futs = [client.submit(profile_segment, train_p, a, b, fam, params, str(scratch),
                                   pure=False) for a, b in ranges]
             out = client.gather(futs)

@@ -1,6 +1,6 @@
 """Distributed index builds and bulk queries (ARCHITECTURE.md sections 1 and 4).
 
-The driver loads the model, builds the hash family once and broadcasts it; one task per segment
+The hash family is built once from the model and broadcast to the workers; one task per segment
 encodes its rows and writes the segment; the manifest is swapped in last.  Queries: segments are
 loaded once into worker memory, one task per (query chunk, segment) runs where the segment
 lives, partial top-k lists are merged per query chunk by a task that writes the Parquet parts.
@@ -16,17 +16,15 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 
 from lshdist.cluster import tasks
 from lshdist.errors import InputError
-from lshdist.hashing.families import check_bits, family_for
+from lshdist.hashing.families import check_bits
 from lshdist.index.params import resolve_permutations
-from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import FORMAT, VERSION, new_segment_name, read_manifest, write_manifest
-from lshdist.store.model import load_model, read_model_meta
+from lshdist.store.model import read_model_meta
 
 log = logging.getLogger(__name__)
 MODES = ("hash", "scan")
@@ -36,25 +34,29 @@ def _ranges(n: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + size)) for s in range(0, n, size)]
 
 
-def _check_data_for_model(ds: Dataset, metric, what: str) -> None:
-    sparse_model = not isinstance(metric, ExplicitMetric) and not isinstance(
-        getattr(metric, "basis", None), np.ndarray)
+def _check_data_for_model(ds: Dataset, meta: dict, what: str) -> None:
+    """The dataset's kind and d against the model's (from model.json, no arrays loaded)."""
+    sparse_model = bool(meta.get("sparse"))
     if (ds.kind == "sparse") != sparse_model:
         raise InputError(f"{what} {str(ds.path)!r} is {ds.kind}, but the model was learned on "
                          f"{'sparse' if sparse_model else 'dense'} data")
-    if ds.d != metric.d:
+    if ds.d != meta["d"]:
         raise InputError(f"{what} {str(ds.path)!r} has {ds.d} features, but the model was "
-                         f"learned on {metric.d}")
+                         f"learned on {meta['d']}")
 
 
-def broadcast(client, obj):
-    """Put ``obj`` (the hash family, a few MB) on every worker once; returns its future.
+def broadcast_family(client, model: str, *, bits: int, seed: int, learned: bool):
+    """The hash family on every worker, built once; returns its future.
 
-    Not ``client.scatter(..., broadcast=True)``: scattered data has no recipe, so a worker lost
-    at the wrong moment cancels every task that needs it ("lost dependencies").  A one-task
-    future carries the object in its recipe and is recomputed if every copy is lost.
+    One task loads the model (checksums verified) and builds the family on a worker; the result
+    is replicated to the others.  Not ``client.scatter(..., broadcast=True)``: scattered data
+    has no recipe, so a worker lost at the wrong moment cancels every task that needs it ("lost
+    dependencies", seen in testing); and not the object itself in the graph (10 MB for a
+    784-d explicit metric, sent with the graph).  This future is recomputed if every copy is
+    lost.
     """
-    fut = client.submit(tasks.identity, obj, pure=False)
+    fut = client.submit(tasks.load_family, str(Path(model).resolve()), bits, seed, learned,
+                        pure=False, retries=2)
     client.replicate([fut])
     return fut
 
@@ -80,8 +82,8 @@ def build_index(client, *, data: str, model: str, out: str, bits: int = 256,
         raise InputError(f"segment_rows={segment_rows}: must be >= 1")
     resolve_permutations(1, epsilon=epsilon, permutations=permutations)  # validates the pair
     ds = Dataset(data)
-    metric, model_meta = load_model(model)
-    _check_data_for_model(ds, metric, "dataset")
+    model_meta = read_model_meta(model)
+    _check_data_for_model(ds, model_meta, "dataset")
     out_path = Path(out)
     if append:
         manifest = read_manifest(out_path)
@@ -99,12 +101,12 @@ def build_index(client, *, data: str, model: str, out: str, bits: int = 256,
                                  "overwrite it, remove it yourself")
         manifest = {
             "format": FORMAT, "version": VERSION, "model": str(Path(model).resolve()),
-            "model_checksum": model_meta["checksum"], "kind": model_meta["kind"], "d": metric.d,
+            "model_checksum": model_meta["checksum"], "kind": model_meta["kind"], "d": model_meta["d"],
             "bits": bits, "epsilon": epsilon, "permutations": permutations, "window": window,
             "hamming_keep": hamming_keep, "seed": seed, "learned": learned, "segments": [],
         }
     (out_path / "segments").mkdir(parents=True, exist_ok=True)
-    family_f = broadcast(client, family_for(metric, bits=bits, seed=seed, learned=learned))
+    family_f = broadcast_family(client, model, bits=bits, seed=seed, learned=learned)
     params = {"permutations": permutations, "epsilon": epsilon, "window": window,
               "hamming_keep": hamming_keep, "seed": seed}
     names = [new_segment_name() for _ in _ranges(ds.n, segment_rows)]
@@ -146,11 +148,10 @@ def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str
     if model_meta["checksum"] != manifest["model_checksum"]:
         raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
                          "(checksums differ); rebuild the index or restore the model")
-    metric, _ = load_model(manifest["model"])
     qds = Dataset(queries)
-    _check_data_for_model(qds, metric, "queries dataset")
-    family_f = broadcast(client, family_for(metric, bits=manifest["bits"],
-                                            seed=manifest["seed"], learned=manifest["learned"]))
+    _check_data_for_model(qds, model_meta, "queries dataset")
+    family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
+                                seed=manifest["seed"], learned=manifest["learned"])
     segs = [client.submit(tasks.load_segment, str(index), e, manifest, pure=False, retries=2)
             for e in manifest["segments"]]
     out_path = Path(out)

@@ -11,9 +11,13 @@ from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_segment, write_segment
 
 
-def identity(obj):
-    """A task returning its argument: puts a driver-side object into the cluster."""
-    return obj
+def load_family(model_path: str, bits: int, seed: int, learned: bool):
+    """The hash family of a model (learned, or Charikar's baseline carrying the metric)."""
+    from lshdist.hashing.families import family_for
+    from lshdist.store.model import load_model
+
+    metric, _ = load_model(model_path)
+    return family_for(metric, bits=bits, seed=seed, learned=learned)
 
 
 def build_segment(data_path: str, start: int, stop: int, family, params: dict,
