@@ -159,48 +159,40 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     return out_d, out_r
 
 
-@njit(cache=True, nogil=True)
-def _sparse_dot(ia, xa, ib, xb):
-    """Dot product of two sparse rows with sorted uint64 feature ids."""
-    i = 0
-    j = 0
-    s = 0.0
-    while i < ia.shape[0] and j < ib.shape[0]:
-        if ia[i] == ib[j]:
-            s += np.float64(xa[i]) * np.float64(xb[j])
-            i += 1
-            j += 1
-        elif ia[i] < ib[j]:
-            i += 1
-        else:
-            j += 1
-    return s
-
-
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def rerank_sparse(offsets, rows, indptr, indices, data, kx, sx, qindptr, qindices, qdata, zq, sq, k,
-                  tiebreak):
+def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindptr, qlocal, qdata,
+                  zq, sq, k, tiebreak):
     """Exact implicit learned distance of every candidate, top-k ascending.
 
     ``d = sx[i] + sq[q] - 2 (x_i^T q + kx[i]^T zq[q])`` where ``sx = ||x||^2 + k_x^T Q k_x``,
-    ``zq = Q k_q``; database rows are CSR over sorted uint64 feature ids.
+    ``zq = Q k_q``.  Database rows are CSR over *local* feature numbers ``local`` (0 ..
+    n_features-1); ``qlocal`` maps each query entry to the same numbering (-1: a feature no
+    database row has).  Each query is scattered once into a dense buffer, so ``x_i^T q`` is a
+    branch-free gather over the candidate's nonzeros.
     """
     Q = sq.shape[0]
     c = kx.shape[1]
     out_d = np.full((Q, k), np.inf, dtype=np.float32)
     out_r = np.full((Q, k), -1, dtype=np.int64)
+    qdense = np.zeros(n_features, dtype=np.float64)
     for q in range(Q):
+        for j in range(qindptr[q], qindptr[q + 1]):
+            if qlocal[j] >= 0:
+                qdense[qlocal[j]] = qdata[j]
         lo, hi = offsets[q], offsets[q + 1]
         r = rows[lo:hi]
-        qi = qindices[qindptr[q] : qindptr[q + 1]]
-        qv = qdata[qindptr[q] : qindptr[q + 1]]
         dist = np.empty(hi - lo)
         for t in range(hi - lo):
             i = r[t]
-            s = _sparse_dot(indices[indptr[i] : indptr[i + 1]], data[indptr[i] : indptr[i + 1]], qi, qv)
+            s = 0.0
+            for p in range(indptr[i], indptr[i + 1]):
+                s += np.float64(data[p]) * qdense[local[p]]
             for j in range(c):
                 s += np.float64(kx[i, j]) * zq[q, j]
             dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
+        for j in range(qindptr[q], qindptr[q + 1]):
+            if qlocal[j] >= 0:
+                qdense[qlocal[j]] = 0.0
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
 

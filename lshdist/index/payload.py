@@ -95,9 +95,22 @@ class KernelPayload:
         return SparseBlock.from_arrays(self.indptr[start : stop + 1] - lo,
                                        self.indices[lo:hi], self.data[lo:hi])
 
+    def _local(self):
+        """Rows over local feature numbers: (sorted unique feature ids, int32 per nonzero)."""
+        if not hasattr(self, "_features"):
+            self._features, inv = np.unique(self.indices, return_inverse=True)
+            self._local_idx = inv.astype(np.int32).ravel()
+        return self._features, self._local_idx
+
     def rerank(self, offsets, rows, query: "KernelPayload", k: int, tiebreak: np.ndarray):
-        return rerank_sparse(offsets, rows, self.indptr, self.indices, self.data, self.kx,
-                             self.sx, query.indptr, query.indices, query.data,
+        features, local = self._local()
+        pos = np.searchsorted(features, query.indices)
+        posc = np.minimum(pos, max(len(features) - 1, 0))
+        hit = (pos < len(features)) & (features[posc] == query.indices) if len(features) else (
+            np.zeros(len(query.indices), bool))
+        qlocal = np.where(hit, posc, -1).astype(np.int32)
+        return rerank_sparse(offsets, rows, self.indptr, local, self.data, len(features),
+                             self.kx, self.sx, query.indptr, qlocal, query.data,
                              query.kx.astype(np.float64), query.sx, k, tiebreak)
 
     def distances(self, query: "KernelPayload") -> np.ndarray:

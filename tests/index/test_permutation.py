@@ -151,3 +151,21 @@ def test_smallest_per_row_matches_numpy(seed, kk, n):
     got = smallest_per_row(D, kk)
     expect = np.sort(np.argsort(D, axis=1, kind="stable")[:, : min(kk, n)], axis=1)
     assert np.array_equal(got, expect)
+
+
+def test_sparse_implicit_rerank_is_the_learned_distance():
+    import scipy.sparse as sp
+
+    from lshdist.blocks import SparseBlock
+    from lshdist.metric.itml import KernelITML
+
+    rng = np.random.default_rng(0)
+    X = SparseBlock.from_csr(sp.random(400, 3000, density=0.02, format="csr", random_state=0))
+    m = KernelITML(n_basis=20, n_constraints=200).fit(X, rng.integers(0, 3, 400)).metric(d=3000)
+    ix = MetricIndex(m, bits=64, n_permutations=10, window=8).fit(X)
+    Q = X.take(np.arange(30))
+    d, i = ix.query(Q, 5)
+    np.testing.assert_allclose(d, np.take_along_axis(m.pairwise(Q, X), i, 1), atol=1e-5)
+    ds, iscan = ix.query(Q, 5, mode="scan")
+    np.testing.assert_allclose(ds, np.sort(m.pairwise(Q, X), axis=1)[:, :5], atol=1e-5)
+    assert np.all(iscan[:, 0] == np.arange(30))  # each query is its own nearest point
