@@ -169,3 +169,22 @@ def test_sparse_implicit_rerank_is_the_learned_distance():
     ds, iscan = ix.query(Q, 5, mode="scan")
     np.testing.assert_allclose(ds, np.sort(m.pairwise(Q, X), axis=1)[:, :5], atol=1e-5)
     assert np.all(iscan[:, 0] == np.arange(30))  # each query is its own nearest point
+
+
+def test_lsh_parameter_functions():
+    from lshdist.index.params import collision_probability, max_candidates
+
+    assert collision_probability(0.0) == 1.0
+    assert collision_probability(np.pi / 2) == pytest.approx(0.5)
+    assert max_candidates(160, 8) == 2560
+    with pytest.raises(InputError, match="angle=4"):
+        collision_probability(4)
+    # the empirical bit agreement of Charikar's hash matches 1 - angle/pi
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 32)).astype(np.float32)
+    angle = np.arccos(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    from lshdist.hashing import RandomHyperplanes
+
+    P = RandomHyperplanes(d=32, bits=4096, seed=1).project(np.stack([a, b]))
+    agree = np.mean((P[0] >= 0) == (P[1] >= 0))
+    assert agree == pytest.approx(collision_probability(angle), abs=0.03)

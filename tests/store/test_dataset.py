@@ -185,3 +185,23 @@ def test_damaged_chunk_is_a_format_error(dataset):
     np.testing.assert_array_equal(ds.read_shard(0)[0], [0, 1])  # the intact shard still reads
     with pytest.raises(FormatError, match=r"cannot read rows 10:20 of X .*corrupted, re-ingest it"):
         ds.read_shard(1)
+
+
+def test_lazy_readers(tmp_path):
+    import dask
+    import scipy.sparse as sp
+
+    from lshdist.store.dataset import write_dataset
+
+    X = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
+    ds = write_dataset(tmp_path / "d", X, shard_rows=20)
+    lazy = ds.to_dask()
+    assert lazy.chunks[0] == (20, 20, 10)
+    assert np.array_equal(lazy.compute(), X)
+    assert np.array_equal(np.vstack(list(ds.iter_shards())), X)
+    S = sp.random(30, 100, density=0.1, format="csr", random_state=0, dtype=np.float32)
+    sds = write_dataset(tmp_path / "s", S, shard_rows=8)
+    blocks = dask.compute(*sds.to_dask())
+    assert [b.n_rows for b in blocks] == [8, 8, 8, 6]
+    got = sp.vstack([b.over(np.arange(100, dtype=np.uint64)) for b in blocks])
+    assert np.array_equal(got.toarray(), S.toarray())
