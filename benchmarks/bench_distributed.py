@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 
-from lshdist.cluster import tasks
 from lshdist.hashing import family_for
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.searcher import encode, permutation_seed
@@ -82,7 +81,7 @@ def encode_rows(data_path: str, start: int, stop: int, family) -> int:
     Returns only the row count: codes and payload stay on the worker and are dropped, so no
     result travels back (build_segment does not send them either)."""
     X = Dataset(data_path).read_rows(start, stop)
-    codes, _payload = encode(tasks.family_metric(family), family, X)
+    codes, _payload = encode(family.metric, family, X)
     return int(codes.shape[0])
 
 
@@ -101,7 +100,7 @@ def profile_segment(data_path: str, start: int, stop: int, family, params: dict,
     X = ds.read_rows(start, stop)
     ids = ds.ids()[start:stop]
     mark()
-    codes, payload = encode(tasks.family_metric(family), family, X)
+    codes, payload = encode(family.metric, family, X)
     mark()
     index = PermutationIndex(
         n_permutations=params["permutations"], epsilon=params["epsilon"],

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lshdist.index.searcher import MetricIndex
+from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.validation import check_k
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,14 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     """Mean over queries of ``|found[:k] & truth[:k]| / k``."""
     hits = [len(np.intersect1d(f[:k][f[:k] >= 0], t[:k])) for f, t in zip(found, truth)]
     return float(np.mean(hits) / k)
+
+
+def baseline_metric(ml, X_train):
+    """The unlearned metric beside a learned one: identity (centred like ``ml``'s hashes) for an
+    explicit metric, ``S = 0`` over the same basis for an implicit one."""
+    if isinstance(ml, ExplicitMetric):
+        return ExplicitMetric.identity(ml.d, center=np.asarray(X_train).mean(axis=0))
+    return ImplicitMetric.identity(ml.basis, kernel=ml.kernel_name, d=ml.d)
 
 
 @dataclass

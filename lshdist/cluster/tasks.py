@@ -26,7 +26,7 @@ def build_segment(data_path: str, start: int, stop: int, family, params: dict,
     ds = Dataset(data_path)
     X = ds.read_rows(start, stop)
     ids = ds.ids()[start:stop]
-    codes, payload = encode(family_metric(family), family, X)
+    codes, payload = encode(family.metric, family, X)
     index = PermutationIndex(
         n_permutations=params["permutations"], epsilon=params["epsilon"], window=params["window"],
         hamming_keep=params["hamming_keep"], seed=permutation_seed(params["seed"]),
@@ -36,11 +36,6 @@ def build_segment(data_path: str, start: int, stop: int, family, params: dict,
     return entry
 
 
-def family_metric(family):
-    """The metric a hash family was built for (the baseline family carries it too)."""
-    return family.metric
-
-
 def load_segment(index_dir: str, entry: dict, manifest: dict) -> PermutationIndex:
     return read_segment(index_dir, entry, manifest)
 
@@ -48,7 +43,7 @@ def load_segment(index_dir: str, entry: dict, manifest: dict) -> PermutationInde
 def encode_queries(queries_path: str, start: int, stop: int, family):
     ds = Dataset(queries_path)
     X = ds.read_rows(start, stop)
-    codes, payload = encode(family_metric(family), family, X, query=True)
+    codes, payload = encode(family.metric, family, X, query=True)
     return codes, payload, ds.ids()[start:stop]
 
 

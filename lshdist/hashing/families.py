@@ -47,10 +47,6 @@ class HashFamily:
         """Packed keys, uint64 (n, ceil(bits / 64))."""
         return pack_signs(np.ascontiguousarray(self.project(X)))
 
-    @property
-    def n_words(self) -> int:
-        return (self.bits + 63) // 64
-
 
 class RandomHyperplanes(HashFamily):
     """Charikar's ``h_r(x) = [r^T x >= 0]``, the unlearned baseline (dense or sparse rows)."""

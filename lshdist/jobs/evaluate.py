@@ -6,13 +6,11 @@ import argparse
 import json
 import logging
 
-import numpy as np
 
 from lshdist.errors import InputError
-from lshdist.evaluation import HashSettings, evaluate, sweep
+from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
 from lshdist.jobs.common import add_hash_options, add_learner_options, int_list, positive_int
 from lshdist.jobs.learn import learn
-from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.plots import plot_bits, plot_recall
 from lshdist.store.atomic import atomic_dir, check_output
 from lshdist.store.dataset import Dataset
@@ -46,12 +44,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _baseline(ml, X_train):
-    if isinstance(ml, ExplicitMetric):
-        return ExplicitMetric.identity(ml.d, center=np.asarray(X_train).mean(axis=0))
-    return ImplicitMetric.identity(ml.basis, kernel=ml.kernel_name, d=ml.d)
-
-
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, args.overwrite)
     train, test = Dataset(args.train), Dataset(args.test)
@@ -70,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         ml, learn_info, _ = learn(train, args)
     X_train, X_test = train.read_all(), test.read_all()
-    l2 = _baseline(ml, X_train)
+    l2 = baseline_metric(ml, X_train)
     settings = HashSettings(bits=args.bits, epsilon=args.epsilon, n_permutations=args.permutations,
                             window=args.window, hamming_keep=args.hamming_keep, seed=args.seed,
                             n_threads=args.threads)

@@ -190,14 +190,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _plots(train, test, model, icfg, ecfg, work: Path) -> None:
     """The evaluation plots (accuracy / % searched vs b, recall vs % searched), one process."""
-    from lshdist.evaluation import HashSettings, sweep
-    from lshdist.jobs.evaluate import _baseline
+    from lshdist.evaluation import HashSettings, baseline_metric, sweep
     from lshdist.plots import plot_bits, plot_recall
     from lshdist.store.model import load_model
 
     ml, _ = load_model(model)
     Xtr, Xte = train.read_all(), test.read_all()
-    l2 = _baseline(ml, Xtr)
+    l2 = baseline_metric(ml, Xtr)
     s = HashSettings(bits=icfg["bits"], n_permutations=icfg.get("permutations"),
                      epsilon=icfg.get("epsilon"), window=icfg["window"],
                      hamming_keep=icfg.get("hamming_keep", 0), seed=icfg.get("seed", 0))
