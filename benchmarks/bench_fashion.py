@@ -187,25 +187,9 @@ def main():
     hnsw_rows = []
     t_hb = None
     if hnswlib is not None:
-        def hbuild():
-            ix = hnswlib.Index(space="l2", dim=Xtr.shape[1])
-            ix.init_index(max_elements=N, M=HNSW_M, ef_construction=HNSW_EFC, random_seed=100)
-            common.hnsw_pin(ix, T)
-            ix.add_items(Xtr, np.arange(N), num_threads=T)
-            return ix
-
-        t_hb, hix, runs_hb = common.timed_all(hbuild, REPEATS, WARMUP)
-        print(f"hnswlib build (M={HNSW_M}, efC={HNSW_EFC}): median {t_hb:.2f} s {runs_hb['runs']}")
-        for ef in HNSW_EFS:
-            hix.set_ef(ef)
-            t_q, (I, _), _ = common.timed_all(lambda: hix.knn_query(Xte, k=K, num_threads=T),
-                                              REPEATS, WARMUP)
-            rec = recall_at_k(I.astype(np.int64), I_true, K)
-            hnsw_rows.append({"ef": ef, "recall@10": rec, "build s": t_hb, "query s": t_q,
-                              "total s": t_hb + t_q, "queries/s": Q / t_q,
-                              "flat / total": ratio(t_hb + t_q)})
-            print(f"hnswlib ef={ef}: recall@10 {rec:.4f}, query {t_q:.3f} s")
-        del hix
+        t_hb, _, hnsw_rows = common.hnsw_sweep(
+            hnswlib, Xtr, Xte, I_true, k=K, threads=T, m=HNSW_M, ef_construction=HNSW_EFC,
+            efs=HNSW_EFS, flat_seconds=t_flat, repeats=REPEATS, warmup=WARMUP)
     else:
         print(f"hnswlib unavailable: {HNSW_ERROR}")
 

@@ -118,6 +118,38 @@ def timed(fn, repeats: int = 3, warmup: int = 1):
     return statistics.median(times), out
 
 
+def hnsw_sweep(hnswlib, Xdb, Xq, true_ids, *, k: int, threads: int, m: int, ef_construction: int,
+               efs, flat_seconds: float, repeats: int = 3, warmup: int = 1):
+    """hnswlib: build once (timed), query at every ef (timed), recall@k against ``true_ids``.
+
+    Returns ``(build median s, build runs dict, rows)``; one row per ef with recall@10, build /
+    query / total seconds, queries/s and FAISS flat time / total.
+    """
+    from lshdist.evaluation import recall_at_k
+
+    def build():
+        ix = hnswlib.Index(space="l2", dim=Xdb.shape[1])
+        ix.init_index(max_elements=len(Xdb), M=m, ef_construction=ef_construction, random_seed=100)
+        hnsw_pin(ix, threads)
+        ix.add_items(Xdb, np.arange(len(Xdb)), num_threads=threads)
+        return ix
+
+    t_build, index, runs = timed_all(build, repeats, warmup)
+    print(f"hnswlib build (M={m}, efC={ef_construction}): median {t_build:.2f} s {runs['runs']}",
+          flush=True)
+    rows = []
+    for ef in efs:
+        index.set_ef(ef)
+        t_q, (ids, _), _ = timed_all(lambda: index.knn_query(Xq, k=k, num_threads=threads),
+                                     repeats, warmup)
+        rec = recall_at_k(ids.astype(np.int64), true_ids, k)
+        rows.append({"ef": ef, "recall@10": rec, "build s": t_build, "query s": t_q,
+                     "total s": t_build + t_q, "queries/s": len(Xq) / t_q,
+                     "flat / total": flat_seconds / (t_build + t_q)})
+        print(f"hnswlib ef={ef}: recall@10 {rec:.4f}, query {t_q:.3f} s", flush=True)
+    return t_build, runs, rows
+
+
 def timed_all(fn, repeats: int = 3, warmup: int = 1):
     """Like `timed`, but also returns the warm-up times and every timed run:
     ``(median, last_result, {"warmup": [...], "runs": [...]})``."""
