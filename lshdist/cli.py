@@ -1,4 +1,4 @@
-"""The ``lshdist`` command: argument parsing only; the work is in `lshdist.jobs`.
+"""The ``lshdist`` command line: argument parsing only; the work is in `lshdist.jobs`.
 
 Every subcommand lives in a module of `lshdist.jobs` exposing ``add_parser(subparsers)`` and
 ``run(args) -> int``.  Errors from `lshdist.errors` (bad input) exit with code 2 and a one-line
@@ -12,24 +12,35 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from lshdist import __version__
 from lshdist.errors import LshdistError
+from lshdist.store.atomic import is_write_error, os_error
 
 #: subcommand modules, in the order `lshdist --help` lists them
-JOBS = ["ingest", "info", "learn", "evaluate", "index", "query", "run"]
+JOBS = ["ingest", "info", "verify", "gc", "learn", "evaluate", "index", "query", "run"]
+
+
+DESCRIPTION = ("Fast similarity search under learned metrics: learn a metric with ITML, hash "
+               "a dataset with learned LSH functions on Dask, answer bulk k-NN queries.")
+EPILOG = ("Typical use: lshdist ingest FILES --out DATA; lshdist learn --data DATA --out MODEL; "
+          "lshdist index --data DATA --model MODEL --out INDEX; lshdist query --index INDEX "
+          "--queries Q --out RESULTS.  `lshdist JOB --help` lists a job's options.")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # usage errors: exit 2 with the usage line (argparse's way)
+    def error(self, message: str) -> NoReturn:  # usage errors: exit 2 with the usage line
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lshdist", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="lshdist", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"lshdist {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v: lshdist's debug messages and Dask's info; -vv: Dask's debug "
+                             "messages too (default: lshdist's progress, Dask's warnings)")
     sub = parser.add_subparsers(dest="job", required=True, parser_class=_Parser)
     for name in JOBS:
         try:
@@ -42,22 +53,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: int) -> None:
+    """0: lshdist at INFO, Dask at WARNING; 1: lshdist DEBUG, Dask INFO; 2+: DEBUG for all."""
+    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lshdist").setLevel(logging.DEBUG if verbose else logging.INFO)
+    dask_level = ("debug", "info", "warning")[max(0, 2 - verbose)]
+    # distributed reads this when it is first imported, which happens after this point
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
+    for noisy in ("distributed", "bokeh", "tornado"):
+        logging.getLogger(noisy).setLevel(dask_level.upper())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.verbose < 2:  # Dask's INFO chatter (and shutdown tracebacks logged at INFO) off;
-        # distributed reads this when it is first imported, which happens after this point
-        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-        for noisy in ("distributed", "bokeh", "tornado"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
     except LshdistError as exc:
         sys.stderr.write(f"lshdist {args.job}: error: {exc}\n")
+        return 2
+    except OSError as exc:
+        if not is_write_error(exc):
+            raise
+        sys.stderr.write(f"lshdist {args.job}: error: {os_error(exc, exc.filename or '?')}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

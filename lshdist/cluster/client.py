@@ -69,9 +69,12 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
                 "local cluster"
             ) from None
     else:
-        extra = {"env": WORKER_ENV} if processes else {}  # Nanny option: worker processes only
+        # Nanny options: worker processes only (threads talk in-process, no sockets)
+        extra = {"env": WORKER_ENV, "host": "127.0.0.1"} if processes else {}
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, **extra,
-                               dashboard_address=":0",
+                               # loopback only: nothing listens on the machine's other
+                               # addresses (the dashboard included)
+                               dashboard_address="127.0.0.1:0",
                                # task errors reach the driver; the rest is shutdown noise
                                silence_logs=logging.CRITICAL)
         client = Client(cluster)

@@ -1,40 +1,65 @@
 """Distributed index builds and bulk queries (ARCHITECTURE.md sections 1 and 4).
 
+Each job is planned on the driver first (`plan_build`, `plan_query`: every input checked, no
+cluster needed) and then run on a Dask client (`run_build`, `run_query`), so bad input is
+refused before any cluster starts.
+
 The hash family is built once from the model and broadcast to the workers; one task per segment
-encodes its rows and writes the segment; the manifest is swapped in last.  Queries: segments are
-loaded once into worker memory, one task per (query chunk, segment) runs where the segment
-lives, partial top-k lists are merged per query chunk by a task that writes the Parquet parts.
-The driver holds neither the database nor the results.
+(a run of whole dataset shards) encodes its rows and writes the segment; the manifest is swapped
+in last.  Queries: segments are loaded once into worker memory, one task per (query chunk,
+segment) runs where the segment lives, partial top-k lists are merged per query chunk by a task
+that writes the Parquet parts.  The driver holds neither the database nor the results, and at
+most a few query chunks are in flight, so memory does not grow with the number of queries.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
-import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-
+from typing import Any
 
 from lshdist.cluster import tasks
-from lshdist.errors import InputError
-from lshdist.hashing.families import check_bits
-from lshdist.index.params import resolve_permutations
-from lshdist.store.atomic import check_output
+from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
+from lshdist.errors import ClusterError, InputError
+from lshdist.index.searcher import MODES
+from lshdist.store.atomic import atomic_dir, check_not_input, check_output
 from lshdist.store.dataset import Dataset
-from lshdist.store.index import FORMAT, VERSION, new_segment_name, read_manifest, write_manifest
+from lshdist.store.index import (
+    FORMAT,
+    VERSION,
+    index_lock,
+    new_segment_name,
+    read_manifest,
+    segment_ids,
+    write_manifest,
+)
 from lshdist.store.model import read_model_meta
+from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
-MODES = ("hash", "scan")
+
+#: manifest key -> how an `IndexConfig` field is recorded in it
+_RECORDED = {"bits": "bits", "epsilon": "epsilon", "permutations": "permutations",
+             "window": "window", "hamming_keep": "hamming_keep", "seed": "seed",
+             "baseline": "learned"}
 
 
-def _ranges(n: int, size: int) -> list[tuple[int, int]]:
-    return [(s, min(n, s + size)) for s in range(0, n, size)]
+def segment_shards(bounds: Sequence[int], segment_rows: int) -> list[tuple[int, int]]:
+    """Runs of whole shards ``(first, stop)`` of at most ``segment_rows`` rows each (at least
+    one shard per segment); ``bounds`` are the dataset's shard boundaries (first rows, then N)."""
+    out, first = [], 0
+    n_shards = len(bounds) - 1
+    for i in range(1, n_shards + 1):
+        if i == n_shards or bounds[i + 1] - bounds[first] > segment_rows:
+            out.append((first, i))
+            first = i
+    return out
 
 
-def _check_data_for_model(ds: Dataset, meta: dict, what: str) -> None:
+def check_data_for_model(ds: Dataset, meta: dict[str, Any], what: str) -> None:
     """The dataset's kind and d against the model's (from model.json, no arrays loaded)."""
     sparse_model = bool(meta.get("sparse"))
     if (ds.kind == "sparse") != sparse_model:
@@ -45,7 +70,7 @@ def _check_data_for_model(ds: Dataset, meta: dict, what: str) -> None:
                          f"learned on {meta['d']}")
 
 
-def broadcast_family(client, model: str, *, bits: int, seed: int, learned: bool):
+def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: bool) -> Any:
     """The hash family on every worker, built once; returns its future.
 
     One task loads the model (checksums verified) and builds the family on a worker; the result
@@ -61,86 +86,198 @@ def broadcast_family(client, model: str, *, bits: int, seed: int, learned: bool)
     return fut
 
 
-def _wait(futures, what: str) -> list:
-    from distributed import as_completed
+def _progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
+    """Yield futures as they finish, logging a progress bar; a job where no task finishes for
+    ``stall`` seconds (a frozen scheduler or worker) fails with a `ClusterError`."""
+    from distributed import wait
 
-    done, t0, n = 0, time.perf_counter(), len(futures)
-    for _ in as_completed(futures):
-        done += 1
-        bar = "#" * (20 * done // n)
-        log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, bar, done, n, time.perf_counter() - t0)
-    return [f.result() for f in futures]
+    pending, t0, n = set(futures), time.perf_counter(), len(futures)
+    while pending:
+        try:
+            done, pending = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            raise ClusterError(f"{what}: no task finished for {stall:.0f}s ({len(pending)} of "
+                               f"{n} waiting); the scheduler or the workers are stalled — check "
+                               "them, or raise --stall-timeout") from None
+        for f in done:
+            k = n - len(pending)
+            log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, "#" * (20 * k // n), k, n,
+                     time.perf_counter() - t0)
+            yield f
 
 
-def build_index(client, *, data: str, model: str, out: str, bits: int = 256,
-                epsilon: float | None = None, permutations: int | None = None, window: int = 8,
-                hamming_keep: int = 0, segment_rows: int = 100_000, learned: bool = True,
-                seed: int = 0, append: bool = False, overwrite: bool = False) -> dict:
-    """Index dataset ``data`` under ``model`` into directory ``out``; returns the manifest."""
-    check_bits(bits)
-    if segment_rows < 1:
-        raise InputError(f"segment_rows={segment_rows}: must be >= 1")
-    resolve_permutations(1, epsilon=epsilon, permutations=permutations)  # validates the pair
+# ---------------------------------------------------------------------------------- build
+
+
+@dataclass
+class BuildPlan:
+    """A checked index build: everything `run_build` needs, nothing started."""
+
+    data: Dataset
+    model: Path
+    out: Path
+    cfg: IndexConfig
+    append: bool
+    overwrite: bool
+    model_meta: dict[str, Any]
+    manifest: dict[str, Any]
+    segments: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _recorded(cfg: IndexConfig) -> dict[str, Any]:
+    return {key: (not cfg.baseline) if name == "baseline" else getattr(cfg, name)
+            for name, key in _RECORDED.items()}
+
+
+def _check_append(out: str, cfg: IndexConfig, manifest: dict[str, Any]) -> IndexConfig:
+    """The index's own parameters; an explicitly given one that differs is an error."""
+    wanted = _recorded(cfg)
+    conflicts = [f"--{name.replace('_', '-')} {getattr(cfg, name)!r} (the index has "
+                 f"{manifest[key] if name != 'baseline' else not manifest[key]!r})"
+                 for name, key in _RECORDED.items()
+                 if name in cfg.given_ and wanted[key] != manifest[key]]
+    if conflicts:
+        raise InputError(f"index {out!r} was built with other parameters: "
+                         f"{'; '.join(conflicts)}; drop these options to append with the "
+                         "index's own, or build a new index")
+    return IndexConfig(bits=manifest["bits"], epsilon=manifest["epsilon"],
+                       permutations=manifest["permutations"], window=manifest["window"],
+                       hamming_keep=manifest["hamming_keep"], seed=manifest["seed"],
+                       baseline=not manifest["learned"], segment_rows=cfg.segment_rows)
+
+
+def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = None,
+               append: bool = False, overwrite: bool = False) -> BuildPlan:
+    """Check an index build on the driver (no cluster): inputs, output, parameters."""
+    cfg = cfg or IndexConfig()
+    if append and overwrite:
+        raise InputError("--append adds to an index and --overwrite replaces it; give one")
     ds = Dataset(data)
     model_meta = read_model_meta(model)
-    _check_data_for_model(ds, model_meta, "dataset")
-    out_path = Path(out)
+    check_data_for_model(ds, model_meta, "dataset")
+    check_not_input(out, (data, model))
     if append:
-        manifest = read_manifest(out_path)
+        manifest = read_manifest(out)
         if manifest["model_checksum"] != model_meta["checksum"]:
             raise InputError(f"index {out!r} was built with another model "
                              f"({manifest['model']!r}); append needs the same model")
-        bits, window, hamming_keep, seed, learned = (manifest[k] for k in
-                                                     ("bits", "window", "hamming_keep", "seed", "learned"))
-        epsilon, permutations = manifest["epsilon"], manifest["permutations"]
+        cfg = _check_append(out, cfg, manifest)
+        _check_new_ids(out, manifest, ds)
     else:
-        if out_path.exists():
-            check_output(out_path, overwrite)
-            if overwrite and not (out_path / "index.json").is_file():
-                raise InputError(f"{out!r} exists and is not an lshdist index; refusing to "
-                                 "overwrite it, remove it yourself")
+        check_output(out, overwrite, kind=FORMAT)
         manifest = {
             "format": FORMAT, "version": VERSION, "model": str(Path(model).resolve()),
-            "model_checksum": model_meta["checksum"], "kind": model_meta["kind"], "d": model_meta["d"],
-            "bits": bits, "epsilon": epsilon, "permutations": permutations, "window": window,
-            "hamming_keep": hamming_keep, "seed": seed, "learned": learned, "segments": [],
+            "model_checksum": model_meta["checksum"], "kind": model_meta["kind"],
+            "d": model_meta["d"], **_recorded(cfg), "segments": [],
         }
-    (out_path / "segments").mkdir(parents=True, exist_ok=True)
-    family_f = broadcast_family(client, model, bits=bits, seed=seed, learned=learned)
-    params = {"permutations": permutations, "epsilon": epsilon, "window": window,
-              "hamming_keep": hamming_keep, "seed": seed}
-    names = [new_segment_name() for _ in _ranges(ds.n, segment_rows)]
-    futures = [
-        client.submit(tasks.build_segment, str(ds.path), a, b, family_f, params, str(out_path),
-                      name, pure=False, retries=2)
-        for (a, b), name in zip(_ranges(ds.n, segment_rows), names)
-    ]
+    return BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
+                     segment_shards(ds.shard_bounds.tolist(), cfg.segment_rows))
+
+
+def _check_new_ids(out: str, manifest: dict[str, Any], ds: Dataset) -> None:
+    """Refuse a dataset whose ids are already in the index (ids must name one row)."""
+    import numpy as np
+
+    new = ds.ids()
+    for entry in manifest["segments"]:
+        clash = np.intersect1d(segment_ids(out, entry), new)
+        if len(clash):
+            raise InputError(
+                f"dataset {str(ds.path)!r} has ids already in index {out!r} (e.g. id "
+                f"{int(clash[0])}, {len(clash)} in segment {entry['name']!r}); ingest it with "
+                "`--id-offset` past the index's largest id, or with an id column")
+
+
+def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stall_timeout
+              ) -> dict[str, Any]:
+    """Run a planned build on ``client``; returns the new manifest.
+
+    A fresh build is written beside ``out`` and renamed into place when complete; an append
+    writes new segments into the index and swaps the manifest under the index lock (a
+    concurrent append waits, then both land).
+    """
+    if plan.append:
+        seg_dir = plan.out
+        entries = _build_segments(client, plan, seg_dir, stall)
+        with index_lock(plan.out):
+            manifest = read_manifest(plan.out)  # another append may have landed meanwhile
+            if manifest["model_checksum"] != plan.manifest["model_checksum"]:
+                raise InputError(f"index {str(plan.out)!r} changed model during the append")
+            _check_new_ids(str(plan.out), manifest, plan.data)
+            new = _with_segments(manifest, entries)
+            write_manifest(plan.out, new)  # the swap: readers see the old or the new index
+        return new
+    with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
+                    inputs=(plan.data.path, plan.model)) as tmp:
+        entries = _build_segments(client, plan, tmp, stall)
+        new = _with_segments(plan.manifest, entries)
+        write_manifest(tmp, new)
+    return new
+
+
+def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    new = {**manifest, "segments": manifest["segments"] + entries}
+    new["rows"] = int(sum(e["rows"] for e in new["segments"]))
+    return new
+
+
+def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
+                    ) -> list[dict[str, Any]]:
+    import shutil
+
+    cfg = plan.cfg
+    (index_dir / "segments").mkdir(parents=True, exist_ok=True)
+    family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
+                                learned=not cfg.baseline)
+    params = {"permutations": cfg.permutations, "epsilon": cfg.epsilon, "window": cfg.window,
+              "hamming_keep": cfg.hamming_keep, "seed": cfg.seed}
+    names = [new_segment_name() for _ in plan.segments]
+    futures = [client.submit(tasks.build_segment, str(plan.data.path), shards, family_f, params,
+                             str(index_dir), name, pure=False, retries=2)
+               for shards, name in zip(plan.segments, names)]
     try:
-        entries = _wait(futures, "index")
+        for _ in _progress(futures, "index", stall):
+            pass
+        entries = [f.result() for f in futures]
     except BaseException:
         client.cancel([*futures, family_f])
         for name in names:  # the manifest never named them: remove what the tasks wrote
-            shutil.rmtree(out_path / "segments" / name, ignore_errors=True)
-        if not manifest["segments"] and not (out_path / "index.json").exists():
-            shutil.rmtree(out_path, ignore_errors=True)
+            shutil.rmtree(index_dir / "segments" / name, ignore_errors=True)
         raise
     client.cancel([*futures, family_f])
-    new_manifest = {**manifest, "segments": manifest["segments"] + entries}
-    new_manifest["rows"] = int(sum(e["rows"] for e in new_manifest["segments"]))
-    write_manifest(out_path, new_manifest)  # the swap: readers see the old or the new index
-    return new_manifest
+    return entries
 
 
-def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str = "hash",
-                query_chunk: int = 5_000, overwrite: bool = False) -> dict:
-    """Bulk k-NN of every row of ``queries``; Parquet parts under ``out``."""
-    from lshdist.validation import check_k
+def build_index(client: Any, *, data: str, model: str, out: str,
+                cfg: IndexConfig | None = None, append: bool = False,
+                overwrite: bool = False) -> dict[str, Any]:
+    """Index dataset ``data`` under ``model`` into directory ``out``; returns the manifest."""
+    return run_build(client, plan_build(data=data, model=model, out=out, cfg=cfg,
+                                        append=append, overwrite=overwrite))
 
-    k = check_k(k)
-    if mode not in MODES:
-        raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+
+# ---------------------------------------------------------------------------------- query
+
+
+@dataclass
+class QueryPlan:
+    """A checked bulk query: everything `run_query` needs, nothing started."""
+
+    index: Path
+    queries: Dataset
+    out: Path
+    cfg: QueryConfig
+    overwrite: bool
+    manifest: dict[str, Any]
+
+
+def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
+               overwrite: bool = False) -> QueryPlan:
+    """Check a bulk query on the driver (no cluster): index, model, queries, output."""
+    cfg = cfg or QueryConfig()
+    if cfg.mode not in MODES:
+        raise InputError(f"mode={cfg.mode!r}; choose one of {list(MODES)}")
     manifest = read_manifest(index)
-    check_output(out, overwrite)
     try:
         model_meta = read_model_meta(manifest["model"])
     except InputError as exc:
@@ -149,35 +286,87 @@ def query_index(client, *, index: str, queries: str, k: int, out: str, mode: str
         raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
                          "(checksums differ); rebuild the index or restore the model")
     qds = Dataset(queries)
-    _check_data_for_model(qds, model_meta, "queries dataset")
+    check_data_for_model(qds, model_meta, "queries dataset")
+    check_output(out, overwrite, kind="lshdist-results",
+                 inputs=(index, queries, manifest["model"]))
+    if cfg.k > manifest["rows"]:
+        log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
+                    "neighbours", cfg.k, manifest["rows"], manifest["rows"])
+    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest)
+
+
+def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stall_timeout,
+              in_flight: int | None = None) -> dict[str, Any]:
+    """Run a planned bulk query on ``client``; returns ``{queries, segments, out}``.
+
+    At most ``in_flight`` query chunks (default: two per worker) are submitted at a time; a
+    chunk's intermediate results are released once its Parquet parts are written.
+    """
+    cfg, manifest, qds = plan.cfg, plan.manifest, plan.queries
     family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
                                 seed=manifest["seed"], learned=manifest["learned"])
-    segs = [client.submit(tasks.load_segment, str(index), e, manifest, pure=False, retries=2)
-            for e in manifest["segments"]]
-    out_path = Path(out)
-    tmp = out_path.parent / f".{out_path.name}.tmp-{uuid.uuid4().hex[:12]}"
-    (tmp / "neighbors").mkdir(parents=True)
-    (tmp / "stats").mkdir()
+    segs = [client.submit(tasks.load_segment, str(plan.index), e, manifest, pure=False,
+                          retries=2) for e in manifest["segments"]]
+    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+    window = in_flight or 2 * n_workers
+    chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
     try:
-        # every intermediate future stays referenced until the end: a lost worker's results
-        # are then recomputed from their recipes instead of being given up
-        writers, held = [], []
-        for c, (a, b) in enumerate(_ranges(qds.n, query_chunk)):
-            enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
-                                pure=False, retries=2)
-            parts = [client.submit(tasks.search_segment, s, enc, k, mode, pure=False, retries=2)
-                     for s in segs]
-            held += [enc, *parts]
-            writers.append(client.submit(tasks.merge_and_write, enc, parts, k, str(tmp), c,
-                                         pure=False, retries=2))
-        n = sum(_wait(writers, "query"))
-        client.cancel(held)
-        if out_path.exists():
-            shutil.rmtree(out_path)
-        os.rename(tmp, out_path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
+                           inputs=(plan.index, qds.path, manifest["model"])) as tmp:
+            n = _query_chunks(client, chunks, qds, family_f, segs, cfg, str(tmp), window, stall)
     finally:
         client.cancel([*segs, family_f])
-    return {"queries": n, "segments": len(segs), "out": str(out_path)}
+    return {"queries": n, "segments": len(segs), "out": str(plan.out)}
+
+
+def _query_chunks(client: Any, chunks: list[tuple[int, int]], qds: Dataset, family_f: Any,
+                  segs: list[Any], cfg: QueryConfig, tmp: str, window: int,
+                  stall: float) -> int:
+    from distributed import wait
+
+    held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
+    total, t0, done_chunks = 0, time.perf_counter(), 0
+
+    def submit(c: int) -> None:
+        a, b = chunks[c]
+        enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
+                            pure=False, retries=2)
+        parts = [client.submit(tasks.search_segment, s, enc, cfg.k, cfg.mode, pure=False,
+                               retries=2) for s in segs]
+        w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
+                          retries=2)
+        held[w] = [enc, *parts]
+
+    nxt = 0
+    try:
+        while nxt < len(chunks) and len(held) < window:
+            submit(nxt)
+            nxt += 1
+        while held:
+            try:
+                done, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the scheduler "
+                                   "or the workers are stalled — check them, or raise "
+                                   "--stall-timeout") from None
+            for w in done:
+                total += int(w.result())
+                client.cancel(held.pop(w))  # release the chunk's encoded queries and partials
+                done_chunks += 1
+                log.info("query  [%-20s] %d/%d chunks, %.1fs", "#" * (20 * done_chunks
+                         // len(chunks)), done_chunks, len(chunks), time.perf_counter() - t0)
+                if nxt < len(chunks):
+                    submit(nxt)
+                    nxt += 1
+    except BaseException:
+        for w, rest in held.items():
+            client.cancel([w, *rest])
+        raise
+    return total
+
+
+def query_index(client: Any, *, index: str, queries: str, out: str,
+                cfg: QueryConfig | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Bulk k-NN of every row of ``queries``; Parquet parts under ``out``."""
+    return run_query(client, plan_query(index=index, queries=queries, out=out, cfg=cfg,
+                                        overwrite=overwrite))

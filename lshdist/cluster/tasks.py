@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
+from lshdist.hashing.families import HashFamily
 from lshdist.index.permutation import PermutationIndex
-from lshdist.index.searcher import encode, permutation_seed
-from lshdist.index.scan import scan_topk
+from lshdist.index.searcher import answer, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_segment, write_segment
+from lshdist.store.results import write_part
+
+#: one query chunk encoded: (codes, re-rank payload, query ids)
+Encoded = tuple[np.ndarray, Any, np.ndarray]
+#: one segment's partial answer to a chunk: (dist (Q, k), ids (Q, k), candidates (Q,))
+Partial = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def load_family(model_path: str, bits: int, seed: int, learned: bool):
+def load_family(model_path: str, bits: int, seed: int, learned: bool) -> HashFamily:
     """The hash family of a model (learned, or Charikar's baseline carrying the metric)."""
     from lshdist.hashing.families import family_for
     from lshdist.store.model import load_model
@@ -20,10 +29,12 @@ def load_family(model_path: str, bits: int, seed: int, learned: bool):
     return family_for(metric, bits=bits, seed=seed, learned=learned)
 
 
-def build_segment(data_path: str, start: int, stop: int, family, params: dict,
-                  index_dir: str, name: str) -> dict:
-    """Encode rows ``start:stop`` with the broadcast hash family, build and write a segment."""
+def build_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
+                  params: dict[str, Any], index_dir: str, name: str) -> dict[str, Any]:
+    """Encode dataset shards ``shards[0]:shards[1]`` with the broadcast hash family, build and
+    write one segment; returns its manifest entry."""
     ds = Dataset(data_path)
+    start, stop = (int(ds.shard_bounds[i]) for i in shards)
     X = ds.read_rows(start, stop)
     ids = ds.ids()[start:stop]
     codes, payload = encode(family.metric, family, X)
@@ -32,34 +43,30 @@ def build_segment(data_path: str, start: int, stop: int, family, params: dict,
         hamming_keep=params["hamming_keep"], seed=permutation_seed(params["seed"]),
     ).fit(codes, family.bits, payload, ids)
     entry = write_segment(index_dir, name, index)
-    entry.update(source=str(data_path), start=int(start), stop=int(stop))
+    entry.update(source=str(data_path), start=start, stop=stop)
     return entry
 
 
-def load_segment(index_dir: str, entry: dict, manifest: dict) -> PermutationIndex:
+def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
+                 ) -> PermutationIndex:
     return read_segment(index_dir, entry, manifest)
 
 
-def encode_queries(queries_path: str, start: int, stop: int, family):
+def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
     ds = Dataset(queries_path)
     X = ds.read_rows(start, stop)
     codes, payload = encode(family.metric, family, X, query=True)
     return codes, payload, ds.ids()[start:stop]
 
 
-def search_segment(segment: PermutationIndex, encoded, k: int, mode: str):
-    """Partial top-k of one query chunk against one segment: (dist, ids, candidates)."""
+def search_segment(segment: PermutationIndex, encoded: Encoded, k: int, mode: str) -> Partial:
+    """Partial top-k of one query chunk against one segment."""
     codes, payload, _ = encoded
-    if mode == "scan":
-        dist, ids = scan_topk(segment.payload_, payload, k, ids=segment.ids_)
-        cand = np.full(len(ids), len(segment), np.int64)
-    else:
-        dist, ids, stats = segment.search(codes, payload, k)
-        cand = stats["reranked"]
-    return dist, ids, cand
+    dist, ids, stats = answer(segment, codes, payload, k, mode=mode)
+    return dist, ids, stats["reranked"]
 
 
-def merge_topk(parts, k: int):
+def merge_topk(parts: Sequence[Partial], k: int) -> tuple[np.ndarray, np.ndarray]:
     """Global top-k from per-segment top-k lists: ascending distance, ties by id."""
     dist = np.concatenate([p[0] for p in parts], axis=1)
     ids = np.concatenate([p[1] for p in parts], axis=1)
@@ -70,24 +77,9 @@ def merge_topk(parts, k: int):
             np.take_along_axis(ids, order, 1))
 
 
-def merge_and_write(encoded, parts, k: int, out_dir: str, chunk: int) -> int:
-    """Merge the partial lists of one query chunk and write its Parquet parts."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    qids = encoded[2]
+def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir: str,
+                    chunk: int) -> int:
+    """Merge the partial lists of one query chunk and write its Parquet parts; returns Q."""
     dist, ids = merge_topk(parts, k)
     cand = np.sum([p[2] for p in parts], axis=0)
-    Q, kk = ids.shape
-    keep = (ids >= 0).ravel()
-    table = pa.table({
-        "query_id": pa.array(np.repeat(qids, kk)[keep], pa.int64()),
-        "rank": pa.array(np.tile(np.arange(kk, dtype=np.int32), Q)[keep], pa.int32()),
-        "neighbor_id": pa.array(ids.ravel()[keep], pa.int64()),
-        "distance": pa.array(dist.ravel()[keep], pa.float32()),
-    })
-    pq.write_table(table, f"{out_dir}/neighbors/part-{chunk:05d}.parquet")
-    stats = pa.table({"query_id": pa.array(qids, pa.int64()),
-                      "candidates": pa.array(cand.astype(np.int32), pa.int32())})
-    pq.write_table(stats, f"{out_dir}/stats/part-{chunk:05d}.parquet")
-    return int(Q)
+    return write_part(out_dir, chunk, encoded[2], dist, ids, cand)

@@ -11,9 +11,8 @@ import numpy as np
 from lshdist._kernels.hashing import gaussian_rows, pack_signs
 from lshdist.blocks import SparseBlock, as_block
 from lshdist.errors import InputError
+from lshdist.limits import MAX_BITS
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
-
-MAX_BITS = 4096
 
 
 def check_bits(bits: int) -> int:

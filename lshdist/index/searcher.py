@@ -28,6 +28,20 @@ def encode(metric, family, X, *, query: bool = False):
     return codes, make_payload(metric, X, query=query, kx=kx)
 
 
+def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload, k: int, *, mode: str,
+           bulk: bool = True, n_threads: int = 1
+           ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Top-k of encoded queries against one fitted `PermutationIndex`, hashed or by exact scan:
+    ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
+    distances computed per query.  The one place the modes are dispatched."""
+    if mode == "scan":
+        dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
+        return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
+    if mode != "hash":
+        raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+    return index.search(qcodes, qpayload, k, bulk=bulk, n_threads=n_threads)
+
+
 def permutation_seed(seed: int) -> int:
     """The permutations' seed, distinct from the hash coefficients' seed."""
     return int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
@@ -74,9 +88,8 @@ class MetricIndex:
         if mode not in MODES:
             raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
-        if mode == "scan":
-            return scan_topk(self.index_.payload_, qpayload, k, ids=self.index_.ids_,
-                             n_threads=n_threads)
-        dist, ids, self.stats_ = self.index_.search(qcodes, qpayload, k, bulk=bulk,
-                                                    n_threads=n_threads)
+        dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
+                                  n_threads=n_threads)
+        if mode == "hash":
+            self.stats_ = stats
         return dist, ids

@@ -7,9 +7,12 @@ import json
 import logging
 
 
+from typing import Any
+
+from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
 from lshdist.errors import InputError
 from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
-from lshdist.jobs.common import add_hash_options, add_learner_options, int_list, positive_int
+from lshdist.jobs.common import int_list, positive_int
 from lshdist.jobs.learn import learn
 from lshdist.plots import plot_bits, plot_recall
 from lshdist.store.atomic import atomic_dir, check_output
@@ -17,35 +20,41 @@ from lshdist.store.dataset import Dataset
 from lshdist.store.model import load_model
 
 log = logging.getLogger(__name__)
+KIND = "lshdist-evaluation"
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "evaluate", help="L2/ML x scan/hash: k-NN accuracy, recall, % searched, speed-up",
+        "evaluate", help="L2/ML x scan/hash: k-NN accuracy, recall, %% searched, speed-up",
         description="Learn a metric on TRAIN (or load --model), index TRAIN, query with TEST, "
                     "and write DIR/summary.json plus PNG plots.")
-    p.add_argument("--train", required=True, metavar="DATASET")
-    p.add_argument("--test", required=True, metavar="DATASET")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--train", required=True, metavar="DATASET", help="labelled database")
+    p.add_argument("--test", required=True, metavar="DATASET", help="labelled queries")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--model", metavar="MODEL", help="a learned model (default: learn one)")
-    add_hash_options(p)
-    p.add_argument("--k", type=int_list, default=[1, 4], metavar="K[,K...]")
+    add_options(p, IndexConfig, title="hashing and search", skip=("segment_rows", "baseline"))
+    p.add_argument("--k", type=int_list, default=[1, 4], metavar="K[,K...]",
+                   help="k of the k-NN accuracies (default 1,4)")
     p.add_argument("--recall-k", type=positive_int, metavar="K",
                    help="recall@K (default: each k)")
-    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="threads of the one-process search (default 1)")
     p.add_argument("--sweep-bits", type=int_list, default=[16, 32, 64, 128, 256], metavar="B,..",
-                   help="b values of the accuracy/%%searched plot")
+                   help="b values of the accuracy/%%searched plot (default 16,32,64,128,256)")
     p.add_argument("--sweep-window", type=int_list, default=[1, 2, 4, 8, 16], metavar="W,..",
-                   help="W values of the recall/%%searched plot")
+                   help="W values of the recall/%%searched plot (default 1,2,4,8,16)")
     p.add_argument("--no-plots", action="store_true", help="skip the sweeps and plots")
-    p.add_argument("--overwrite", action="store_true")
-    add_learner_options(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing evaluation at DIR (only an lshdist evaluation)")
+    add_options(p, LearnConfig, title="metric learning (ITML), when no --model is given",
+                skip=("seed",))
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output(args.out, args.overwrite)
+    index_cfg, learn_cfg = from_args(IndexConfig, args), from_args(LearnConfig, args)
+    check_output(args.out, args.overwrite, kind=KIND, inputs=(args.train, args.test, args.model))
     train, test = Dataset(args.train), Dataset(args.test)
     if train.kind != test.kind:
         raise InputError(f"train is {train.kind} but test is {test.kind}; ingest both alike")
@@ -60,16 +69,19 @@ def run(args: argparse.Namespace) -> int:
         ml, meta = load_model(args.model)
         learn_info = {"model": args.model, **meta.get("params", {})}
     else:
-        ml, learn_info, _ = learn(train, args)
+        ml, learn_info, _ = learn(train, learn_cfg)
     X_train, X_test = train.read_all(), test.read_all()
     l2 = baseline_metric(ml, X_train)
-    settings = HashSettings(bits=args.bits, epsilon=args.epsilon, n_permutations=args.permutations,
-                            window=args.window, hamming_keep=args.hamming_keep, seed=args.seed,
+    settings = HashSettings(bits=index_cfg.bits, epsilon=index_cfg.epsilon,
+                            n_permutations=index_cfg.permutations, window=index_cfg.window,
+                            hamming_keep=index_cfg.hamming_keep, seed=index_cfg.seed,
                             n_threads=args.threads)
     n_classes = len(train.classes) if train.classes else None
     records = evaluate(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml, ks=args.k,
                        settings=settings, n_classes=n_classes, recall_k=args.recall_k)
-    with atomic_dir(args.out, overwrite=args.overwrite) as tmp:
+    with atomic_dir(args.out, overwrite=args.overwrite, kind=KIND,
+                    inputs=(args.train, args.test, args.model)) as tmp:
+        (tmp / ".lshdist.json").write_text(json.dumps({"format": KIND}))
         (tmp / "summary.json").write_text(json.dumps(records, indent=2))
         (tmp / "learning.json").write_text(json.dumps(learn_info, indent=2, default=str))
         if not args.no_plots:

@@ -3,38 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
-from lshdist.cluster.pipeline import build_index
-from lshdist.jobs.common import add_cluster_options, add_hash_options, client_from_args, positive_int
+from lshdist.cluster.pipeline import plan_build, run_build
+from lshdist.config import ClusterConfig, IndexConfig, add_options, from_args
+from lshdist.jobs.common import add_cluster_options, client_from_config
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("index", help="build (or --append to) a hashed index on Dask",
                               description="Hash DATASET with MODEL's learned hash functions on "
-                                          "Dask workers; one permutation-sorted segment per task.")
-    p.add_argument("--data", required=True, metavar="DATASET")
-    p.add_argument("--model", required=True, metavar="MODEL")
-    p.add_argument("--out", required=True, metavar="INDEX")
-    add_hash_options(p)
-    p.add_argument("--segment-rows", type=positive_int, default=100_000, metavar="n")
-    p.add_argument("--baseline", action="store_true",
-                   help="Charikar's random hyperplanes instead of the learned hash functions")
-    p.add_argument("--seed", type=int, default=0)
+                                          "Dask workers; one permutation-sorted segment per run "
+                                          "of whole dataset shards.")
+    p.add_argument("--data", required=True, metavar="DATASET", help="the dataset to index")
+    p.add_argument("--model", required=True, metavar="MODEL",
+                   help="the model whose hash functions and metric the index uses")
+    p.add_argument("--out", required=True, metavar="INDEX", help="the index directory")
+    add_options(p, IndexConfig, title="hashing and search")
     p.add_argument("--append", action="store_true",
-                   help="add segments for DATASET to an existing INDEX (same model)")
-    p.add_argument("--overwrite", action="store_true")
+                   help="add segments for DATASET to the existing INDEX (same model; the "
+                        "index's own hashing parameters)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing index at INDEX (only an lshdist index)")
     add_cluster_options(p)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
-        m = build_index(client, data=args.data, model=args.model, out=args.out, bits=args.bits,
-                        epsilon=args.epsilon, permutations=args.permutations,
-                        window=args.window, hamming_keep=args.hamming_keep,
-                        segment_rows=args.segment_rows, learned=not args.baseline,
-                        seed=args.seed, append=args.append, overwrite=args.overwrite)
-    print(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
-          f"(b={m['bits']}, W={m['window']})")
+    cluster = from_args(ClusterConfig, args)
+    plan = plan_build(data=args.data, model=args.model, out=args.out,
+                      cfg=from_args(IndexConfig, args), append=args.append,
+                      overwrite=args.overwrite)
+    with client_from_config(cluster) as client:
+        m = run_build(client, plan, stall=cluster.stall_timeout)
+    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
+                     f"(b={m['bits']}, W={m['window']})\n")
     return 0

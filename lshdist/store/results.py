@@ -1,33 +1,179 @@
-"""Reading query results (Parquet parts) back, part by part."""
+"""Query results on disk: the one owner of their format (ARCHITECTURE.md section 3).
+
+Layout of a results directory::
+
+    results.json                  format, version, k, queries, parts (written last)
+    neighbors/part-NNNNN.parquet  query_id:int64, rank:int32, neighbor_id:int64, distance:float32
+    stats/part-NNNNN.parquet      query_id:int64, candidates:int32
+
+A query with fewer than k neighbours has fewer rows in ``neighbors``; every query has one row
+in ``stats``.  The directory is written aside and renamed into place (`write_results`), so a
+reader sees a previous complete result or the new complete one, never a mix.
+
+Readers (`read_results`, `iter_parts`) return neighbours by query id: part rows are matched to
+their query through the ids themselves, never through their order.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lshdist.errors import FormatError
+from lshdist.errors import FormatError, InputError
+from lshdist.store.atomic import atomic_dir, atomic_write_text
+
+FORMAT = "lshdist-results"
+VERSION = 1
+MANIFEST = "results.json"
+NEIGHBORS_SCHEMA = pa.schema([("query_id", pa.int64()), ("rank", pa.int32()),
+                              ("neighbor_id", pa.int64()), ("distance", pa.float32())])
+STATS_SCHEMA = pa.schema([("query_id", pa.int64()), ("candidates", pa.int32())])
 
 
-def iter_parts(results: str | os.PathLike, k: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Per Parquet part: ``(query_ids (Q,), neighbor_ids (Q, k), distances (Q, k), candidates (Q,))``
-    with -1 / inf where a query has fewer than k neighbours."""
-    root = Path(results)
-    parts = sorted((root / "neighbors").glob("part-*.parquet"))
-    if not parts:
-        raise FormatError(f"{str(root)!r} holds no result parts; run `lshdist query` first")
+def part_name(chunk: int) -> str:
+    return f"part-{chunk:05d}.parquet"
+
+
+def write_part(out_dir: str | os.PathLike[str], chunk: int, query_ids: np.ndarray,
+               dist: np.ndarray, ids: np.ndarray, candidates: np.ndarray) -> int:
+    """Write one chunk's results: ``dist``/``ids`` (Q, k) ascending, -1 ids for missing
+    neighbours; ``candidates`` (Q,).  Returns Q."""
+    Q, k = ids.shape
+    keep = (ids >= 0).ravel()
+    table = pa.table({
+        "query_id": np.repeat(np.asarray(query_ids, np.int64), k)[keep],
+        "rank": np.tile(np.arange(k, dtype=np.int32), Q)[keep],
+        "neighbor_id": np.asarray(ids, np.int64).ravel()[keep],
+        "distance": np.asarray(dist, np.float32).ravel()[keep],
+    }, schema=NEIGHBORS_SCHEMA)
+    root = Path(out_dir)
+    pq.write_table(table, root / "neighbors" / part_name(chunk))
+    stats = pa.table({"query_id": np.asarray(query_ids, np.int64),
+                      "candidates": np.minimum(candidates, np.iinfo(np.int32).max).astype(np.int32)},
+                     schema=STATS_SCHEMA)
+    pq.write_table(stats, root / "stats" / part_name(chunk))
+    return int(Q)
+
+
+@contextlib.contextmanager
+def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = False,
+                  inputs: tuple[str | os.PathLike[str], ...] = ()) -> Iterator[Path]:
+    """Yield a temporary results directory (with ``neighbors/`` and ``stats/``) beside
+    ``path``; parts are written into it with `write_part`; on success the manifest is written
+    and the directory renamed to ``path``.  An existing ``path`` is replaced only with
+    ``overwrite``, and only if it is an lshdist results directory."""
+    with atomic_dir(path, overwrite=overwrite, kind=FORMAT, inputs=inputs) as tmp:
+        (tmp / "neighbors").mkdir()
+        (tmp / "stats").mkdir()
+        yield tmp
+        parts = sorted(p.name for p in (tmp / "neighbors").glob("part-*.parquet"))
+        n = sum(pq.read_metadata(tmp / "stats" / p).num_rows for p in parts)
+        atomic_write_text(tmp / MANIFEST, json.dumps(
+            {"format": FORMAT, "version": VERSION, "k": int(k), "queries": int(n),
+             "parts": parts}, indent=2))
+
+
+@dataclass(frozen=True)
+class ResultsMeta:
+    path: Path
+    k: int
+    queries: int
+    parts: tuple[str, ...]
+
+
+def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(f"results {str(root)!r} do not exist; run `lshdist query` first")
+    f = root / MANIFEST
+    try:
+        meta = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise FormatError(f"{str(root)!r} is not an lshdist results directory (no {MANIFEST}); "
+                          "run `lshdist query` to write one") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{str(root)!r}: {MANIFEST} is corrupted ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise FormatError(f"{str(root)!r} is not an lshdist results directory")
+    if meta.get("version") != VERSION:
+        raise FormatError(f"{str(root)!r}: results format version {meta.get('version')!r}, "
+                          f"this lshdist reads {VERSION}")
+    try:
+        k, n, parts = int(meta["k"]), int(meta["queries"]), tuple(str(p) for p in meta["parts"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"{str(root)!r}: {MANIFEST} lacks or mangles {exc}") from None
     for p in parts:
-        t = pq.read_table(p)
-        s = pq.read_table(root / "stats" / p.name)
-        qids = s.column("query_id").to_numpy()
-        cand = s.column("candidates").to_numpy()
-        nb = np.full((len(qids), k), -1, np.int64)
-        dist = np.full((len(qids), k), np.inf, np.float32)
-        row = np.searchsorted(qids, t.column("query_id").to_numpy())
-        rank = t.column("rank").to_numpy()
-        nb[row, rank] = t.column("neighbor_id").to_numpy()
-        dist[row, rank] = t.column("distance").to_numpy()
-        yield qids, nb, dist, cand
+        if Path(p).name != p or not p.startswith("part-"):
+            raise FormatError(f"{str(root)!r}: {MANIFEST} names part {p!r} outside the directory")
+    return ResultsMeta(root, k, n, parts)
+
+
+def _read_part(root: Path, name: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                        np.ndarray]:
+    try:
+        t = pq.read_table(root / "neighbors" / name, schema=NEIGHBORS_SCHEMA)
+        s = pq.read_table(root / "stats" / name, schema=STATS_SCHEMA)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise FormatError(f"{str(root)!r}: part {name!r} is unreadable ({exc}); "
+                          "run the query again") from None
+    qids = s.column("query_id").to_numpy()
+    cand = s.column("candidates").to_numpy()
+    tq = t.column("query_id").to_numpy()
+    rank = t.column("rank").to_numpy()
+    if len(tq) and (rank.min() < 0 or rank.max() >= k):
+        raise FormatError(f"{str(root)!r}: part {name!r} has ranks outside 0..{k - 1}; "
+                          "run the query again")
+    row = rows_of(qids, tq, what=f"{str(root)!r}: the stats of part {name!r}")
+    nb = np.full((len(qids), k), -1, np.int64)
+    dist = np.full((len(qids), k), np.inf, np.float32)
+    nb[row, rank] = t.column("neighbor_id").to_numpy()
+    dist[row, rank] = t.column("distance").to_numpy()
+    return qids, nb, dist, cand
+
+
+def iter_parts(results: str | os.PathLike[str]) -> Iterator[tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray, np.ndarray]]:
+    """Per part: ``(query_ids (Q,), neighbor_ids (Q, k), distances (Q, k), candidates (Q,))``,
+    rows in the part's query order, -1 / inf where a query has fewer than k neighbours."""
+    meta = read_meta(results)
+    for name in meta.parts:
+        yield _read_part(meta.path, name, meta.k)
+
+
+def read_results(results: str | os.PathLike[str], query_ids: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """All results in memory: ``(query_ids, neighbor_ids, distances, candidates)``.
+
+    With ``query_ids``, rows follow that order (every one must be present); otherwise the
+    order of the parts.
+    """
+    parts = list(iter_parts(results))
+    qids = np.concatenate([p[0] for p in parts])
+    nb, dist, cand = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+    if query_ids is None:
+        return qids, nb, dist, cand
+    rows = rows_of(qids, np.asarray(query_ids, np.int64), what=f"results {str(results)!r}")
+    return qids[rows], nb[rows], dist[rows], cand[rows]
+
+
+def rows_of(ids: np.ndarray, wanted: np.ndarray, *, what: str) -> np.ndarray:
+    """Positions in ``ids`` (unique, any order) of every id in ``wanted``; refuses a missing id."""
+    if not len(ids):
+        rows, missing = np.zeros(len(wanted), np.int64), np.ones(len(wanted), bool)
+    else:
+        order = np.argsort(ids, kind="stable")
+        pos = np.minimum(np.searchsorted(ids, wanted, sorter=order), len(ids) - 1)
+        rows = order[pos]
+        missing = ids[rows] != wanted
+    if missing.any():
+        raise FormatError(f"{what} holds no row for id {int(wanted[missing][0])} "
+                          f"({int(missing.sum())} ids missing)")
+    return rows

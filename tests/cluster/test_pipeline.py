@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 from lshdist.cli import main
 from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index, query_index
+from lshdist.config import IndexConfig, QueryConfig
 from lshdist.cluster.tasks import merge_topk
 from lshdist.index import MetricIndex
 from lshdist.metric.learned import sq_euclidean
@@ -26,19 +26,26 @@ from lshdist.store.model import load_model
 
 
 def read_results(path):
-    """Neighbour table as numpy arrays sorted by (query_id, rank)."""
-    t = pq.read_table(path / "neighbors")
-    d = {c: t.column(c).to_numpy() for c in t.column_names}
-    o = np.lexsort((d["rank"], d["query_id"]))
-    return {c: v[o] for c, v in d.items()}
+    """Results as arrays in query-id order (through the results format's own reader)."""
+    from lshdist.store.results import read_results as read
 
-INDEX = dict(bits=64, permutations=30, window=4, hamming_keep=0, segment_rows=4000)
+    qids, nb, dist, cand = read(path)
+    o = np.argsort(qids)
+    return {"query_id": qids[o], "neighbor_id": nb[o].ravel(), "distance": dist[o].ravel(),
+            "candidates": cand[o]}
+
+
+INDEX = IndexConfig(bits=64, permutations=30, window=4, hamming_keep=0, segment_rows=4000)
+
+
+def Q(k=5, mode="hash", query_chunk=5000):
+    return QueryConfig(k=k, mode=mode, query_chunk=query_chunk)
 
 
 def run_job(client, job, out, data="train-a", mode="hash"):
-    build_index(client, data=str(job / data), model=str(job / "model"), out=str(out / "idx"), **INDEX)
-    query_index(client, index=str(out / "idx"), queries=str(job / "queries"), k=5,
-                out=str(out / "res"), mode=mode, query_chunk=1500)
+    build_index(client, data=str(job / data), model=str(job / "model"), out=str(out / "idx"), cfg=INDEX)
+    query_index(client, index=str(out / "idx"), queries=str(job / "queries"),
+                out=str(out / "res"), cfg=Q(mode=mode, query_chunk=1500))
     return read_results(out / "res")
 
 
@@ -53,15 +60,15 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     """Segments are searched independently and merged: with one segment the distributed result
     equals `MetricIndex` in one process."""
     metric, _ = load_model(letter_job / "model")
-    assert reference["query_id"].min() == 16000 and len(reference["query_id"]) == 4000 * 5
+    assert reference["query_id"].min() == 16000 and len(reference["query_id"]) == 4000
     ix = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:4000])
     d, ids = ix.query(letter.X_test, 5)
     tmp = Path(letter_job / "one-seg")
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
-                    out=str(tmp / "idx"), **{**INDEX, "segment_rows": 8000})
-        query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"), k=5,
-                    out=str(tmp / "res"))
+                    out=str(tmp / "idx"), cfg=IndexConfig(bits=64, permutations=30, window=4, segment_rows=8000))
+        query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"), 
+                    out=str(tmp / "res"), cfg=Q())
     r = read_results(tmp / "res")
     ix8 = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:8000])
     d8, ids8 = ix8.query(letter.X_test, 5)
@@ -111,7 +118,7 @@ def test_external_scheduler_gives_identical_results(letter_job, reference, tmp_p
 def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
     with dask_client(workers=2) as client:
         build_index(client, data=str(letter_job / "train-a"), model=str(letter_job / "model"),
-                    out=str(tmp_path / "idx"), **INDEX)
+                    out=str(tmp_path / "idx"), cfg=INDEX)
         killed = []
 
         def killer():
@@ -131,7 +138,7 @@ def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
         t = threading.Thread(target=killer)
         t.start()
         query_index(client, index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),
-                    k=5, out=str(tmp_path / "res"), query_chunk=100)
+                    out=str(tmp_path / "res"), cfg=Q(query_chunk=100))
         t.join()
     assert killed, "the query finished before a worker could be killed"
     got = read_results(tmp_path / "res")
@@ -142,11 +149,11 @@ def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
 def test_append_equals_building_from_both(letter_job, tmp_path):
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
-                    out=str(tmp_path / "idx"), **INDEX)
+                    out=str(tmp_path / "idx"), cfg=INDEX)
         build_index(client, data=str(letter_job / "second"), model=str(letter_job / "model"),
-                    out=str(tmp_path / "idx"), append=True, **INDEX)
+                    out=str(tmp_path / "idx"), append=True, cfg=INDEX)
         query_index(client, index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),
-                    k=5, out=str(tmp_path / "res"))
+                    out=str(tmp_path / "res"), cfg=Q())
         both = run_job(client, letter_job, tmp_path / "both")
     got = read_results(tmp_path / "res")
     for col in both:
@@ -161,10 +168,10 @@ def test_failed_index_run_leaves_previous_index_intact(letter_job, tmp_path, cap
     idx = tmp_path / "idx"
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
-                    out=str(idx), **INDEX)
+                    out=str(idx), cfg=INDEX)
         before = (idx / "index.json").read_bytes()
-        query_index(client, index=str(idx), queries=str(letter_job / "queries"), k=5,
-                    out=str(tmp_path / "r1"))
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"), 
+                    out=str(tmp_path / "r1"), cfg=Q())
     code = main(["index", "--data", str(broken), "--model", str(letter_job / "model"),
                  "--out", str(idx), "--append", "--in-process", "--workers", "1"])
     assert code == 2
@@ -172,8 +179,8 @@ def test_failed_index_run_leaves_previous_index_intact(letter_job, tmp_path, cap
     assert (idx / "index.json").read_bytes() == before
     assert len(list((idx / "segments").iterdir())) == 2  # the failed run's segments are gone
     with dask_client(workers=1, processes=False) as client:
-        query_index(client, index=str(idx), queries=str(letter_job / "queries"), k=5,
-                    out=str(tmp_path / "r2"))
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"), 
+                    out=str(tmp_path / "r2"), cfg=Q())
     a, b = read_results(tmp_path / "r1"), read_results(tmp_path / "r2")
     assert all(np.array_equal(a[c], b[c]) for c in a)
 
@@ -213,7 +220,7 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
 
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
-                    out=str(tmp_path / "idx"), **INDEX)
+                    out=str(tmp_path / "idx"), cfg=INDEX)
     write_dataset(tmp_path / "q15", np.zeros((5, 15), np.float32))
     base = ["--in-process", "--workers", "1"]
     assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q15"),
@@ -228,9 +235,11 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     shutil.copytree(letter_job / "model", other)
     import json
 
-    m = json.loads((tmp_path / "idx" / "index.json").read_text())
+    from lshdist.store.index import read_manifest, write_manifest
+
+    m = read_manifest(tmp_path / "idx")
     m["model"] = str(other)
-    (tmp_path / "idx" / "index.json").write_text(json.dumps(m))
+    write_manifest(tmp_path / "idx", m)  # a consistent manifest naming another model
     save_model(other, ExplicitMetric.identity(16), overwrite=True)
     assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
                  "--out", str(tmp_path / "r"), *base]) == 2

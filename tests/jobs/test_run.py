@@ -28,12 +28,12 @@ def test_run_digits_config_end_to_end(tmp_path, capsys):
 
 
 def test_every_config_parses(monkeypatch, tmp_path):
-    from lshdist.jobs.run import load_config
+    from lshdist.config import load_run_config
 
     monkeypatch.setenv("LSHDIST_DATA_DIR", str(tmp_path))
     for f in CONFIGS.glob("*.yaml"):
-        cfg = load_config(str(f))
-        assert {"train", "test"} <= set(cfg["data"])
+        cfg = load_run_config(str(f))
+        assert cfg.index.given_ and cfg.train.shard_rows >= 1
 
 
 @pytest.mark.parametrize("text, message", [

@@ -1,0 +1,502 @@
+"""One typed configuration for every job: the CLI flags and the YAML of ``lshdist run``.
+
+Each section is a frozen dataclass whose fields carry their default, their help text and the
+rule that checks them (`Rule`).  From these alone:
+
+* `add_options` adds the argparse options of a section (help lines with the default);
+* `from_args` builds a section from parsed flags, remembering which were given;
+* `from_mapping` builds a section from a YAML mapping — an unknown key, or a value of the
+  wrong type or range, is an `InputError` naming the key and what is allowed.
+
+Defaults live here and nowhere else.  This module imports nothing of lshdist but its errors
+and the bounds of `lshdist.limits`, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from lshdist.errors import InputError
+from lshdist.limits import MAX_BITS, MAX_PERMUTATIONS
+
+T = TypeVar("T", bound="Section")
+
+
+# --------------------------------------------------------------------------------------------
+# rules: how a value is parsed from a flag, checked from YAML, and described in messages
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one option's value is read (from text or from YAML) and checked."""
+
+    describe: str
+    check: Callable[[Any], Any]
+    parse: Callable[[str], Any] | None = None  # text -> value (CLI); default: YAML scalar
+    choices: tuple[str, ...] = ()
+
+    def from_text(self, text: str) -> Any:
+        if self.parse is not None:
+            return self.check(self.parse(text))
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        return self.check(value)
+
+
+class _Bad(Exception):
+    """A value outside its rule (turned into a message naming the option)."""
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Rule:
+    span = (f">= {lo}" if hi is None else f"in {lo}..{hi}") if lo is not None else "any integer"
+    desc = f"an integer {span}" if lo is not None else "an integer"
+
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _Bad(desc)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _Bad(desc)
+        return int(v)
+
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise _Bad(desc) from None
+
+    return Rule(desc, check, parse)
+
+
+def _float(lo: float = 0.0, hi: float | None = None, *, open_lo: bool = True) -> Rule:
+    desc = (f"a number > {lo:g}" if open_lo else f"a number >= {lo:g}") + (
+        f" and <= {hi:g}" if hi is not None else "")
+
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Bad(desc)
+        if not (v > lo if open_lo else v >= lo) or (hi is not None and v > hi) or v != v:
+            raise _Bad(desc)
+        return float(v)
+
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise _Bad(desc) from None
+
+    return Rule(desc, check, parse)
+
+
+def _choice(*values: str) -> Rule:
+    desc = "one of " + ", ".join(values)
+
+    def check(v: Any) -> str:
+        if v not in values:
+            raise _Bad(desc)
+        return str(v)
+
+    return Rule(desc, check, str, values)
+
+
+def _optional(rule: Rule) -> Rule:
+    def check(v: Any) -> Any:
+        return None if v is None else rule.check(v)
+
+    return Rule(rule.describe + " (or null)", check, rule.parse, rule.choices)
+
+
+def _string() -> Rule:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not v:
+            raise _Bad("a non-empty string")
+        return v
+
+    return Rule("a non-empty string", check, str)
+
+
+def _flag() -> Rule:
+    def check(v: Any) -> bool:
+        if not isinstance(v, bool):
+            raise _Bad("true or false")
+        return v
+
+    return Rule("true or false", check)
+
+
+def _int_list() -> Rule:
+    desc = "a list of integers >= 1 (CLI: comma-separated)"
+
+    def check(v: Any) -> tuple[int, ...]:
+        if isinstance(v, (int, str)) and not isinstance(v, bool):
+            v = [v]
+        if not isinstance(v, (list, tuple)) or not v:
+            raise _Bad(desc)
+        out = []
+        for x in v:
+            if isinstance(x, str):
+                try:
+                    x = int(x)
+                except ValueError:
+                    raise _Bad(desc) from None
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise _Bad(desc)
+            out.append(int(x))
+        return tuple(out)
+
+    def parse(text: str) -> list[str]:
+        return [t.strip() for t in text.split(",") if t.strip()]
+
+    return Rule(desc, check, parse)
+
+
+def _percentiles() -> Rule:
+    desc = "'code' (5th/95th), 'paper' (1st/99th) or two numbers LO,HI with 0 <= LO < HI <= 100"
+
+    def check(v: Any) -> str | tuple[float, float]:
+        if v in ("code", "paper"):
+            return str(v)
+        if isinstance(v, str):
+            v = v.split(",")
+        try:
+            lo, hi = (float(x) for x in v)
+        except (TypeError, ValueError):
+            raise _Bad(desc) from None
+        if not 0 <= lo < hi <= 100:
+            raise _Bad(desc)
+        return (lo, hi)
+
+    return Rule(desc, check, str)
+
+
+def _rows() -> Rule:
+    desc = "two integers [START, STOP] with 0 <= START < STOP"
+
+    def check(v: Any) -> tuple[int, int]:
+        if isinstance(v, str):
+            v = v.split(":")
+        try:
+            a, b = v
+        except (TypeError, ValueError):
+            raise _Bad(desc) from None
+        if any(isinstance(x, bool) or not isinstance(x, (int, str)) for x in (a, b)):
+            raise _Bad(desc)
+        try:
+            a, b = int(a), int(b)
+        except ValueError:
+            raise _Bad(desc) from None
+        if not 0 <= a < b:
+            raise _Bad(desc)
+        return (a, b)
+
+    return Rule(desc, check, str)
+
+
+def _str_list() -> Rule:
+    desc = "a list of paths"
+
+    def check(v: Any) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+            raise _Bad(desc)
+        return tuple(v)
+
+    return Rule(desc, check)
+
+
+POSITIVE = _int(1)
+NONNEG = _int(0)
+SEED = _int(0, 2**63 - 1)
+
+
+def opt(default: Any, rule: Rule, help: str, *, metavar: str | None = None,
+        flag: str | None = None, cli: bool = True) -> Any:
+    """A config field: its default, rule and help line (and its CLI flag, ``--field-name``)."""
+    return field(default=default, metadata={"rule": rule, "help": help, "metavar": metavar,
+                                            "flag": flag, "cli": cli})
+
+
+# --------------------------------------------------------------------------------------------
+# the sections
+
+
+@dataclass(frozen=True)
+class Section:
+    """Base of the option sections: ``given_`` names the fields set by a flag or a YAML key."""
+
+    given_: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class LearnConfig(Section):
+    """ITML on the driver (``lshdist learn``, the ``learn:`` section)."""
+
+    kind: str | None = opt(None, _optional(_choice("explicit", "implicit")),
+                           "explicit d x d (default for dense data) or kernelized over c basis "
+                           "points (default for sparse data)")
+    basis: int = opt(300, POSITIVE, "implicit: number c of basis points", metavar="c")
+    route: str = opt("span", _choice("span", "basis"),
+                     "implicit: constraints among any points via span coordinates, or among "
+                     "basis points via Lemma 2")
+    constraints: int | None = opt(None, _optional(POSITIVE),
+                                  "pairs drawn from labels (default 10000 explicit, 2000 implicit)",
+                                  metavar="n")
+    strategy: str = opt("neighbors", _choice("neighbors", "random"),
+                        "how pairs are drawn from labels")
+    neighbors: int = opt(10, POSITIVE, "neighbors strategy: neighbours per anchor", metavar="k")
+    gamma: float = opt(1.0, _float(), "ITML slack gamma")
+    percentiles: str | tuple[float, float] = opt(
+        "code", _percentiles(), "bounds u, l: 'code' = 5th/95th, 'paper' = 1st/99th, or LO,HI")
+    max_iter: int | None = opt(None, _optional(POSITIVE),
+                               "passes over the constraints (default 1000 explicit, 100 implicit)")
+    tol: float = opt(1e-3, _float(), "convergence tolerance")
+    prior: str = opt("identity", _choice("identity", "inverse-covariance"), "explicit: prior A0")
+    seed: int = opt(0, SEED, "seed of the constraints and the basis")
+
+
+@dataclass(frozen=True)
+class IndexConfig(Section):
+    """The hashed index (``lshdist index``, the ``index:`` section)."""
+
+    bits: int = opt(256, _int(1, MAX_BITS), "b, bits per hash key", metavar="b")
+    epsilon: float | None = opt(None, _optional(_float()),
+                                "M = ceil(2 n^(1/(1+e))) permutations for n rows per segment "
+                                "(used when --permutations is not given; default e=1)",
+                                metavar="e")
+    permutations: int | None = opt(None, _optional(_int(1, MAX_PERMUTATIONS)),
+                                   "M, permutation-sorted lists per segment (overrides --epsilon)",
+                                   metavar="M")
+    window: int = opt(8, POSITIVE, "W, list entries taken on each side of a query", metavar="W")
+    hamming_keep: int = opt(0, NONNEG,
+                            "re-rank only the H candidates nearest in Hamming distance "
+                            "per segment (0: all)", metavar="H")
+    segment_rows: int = opt(100_000, POSITIVE,
+                            "rows per segment (rounded down to whole dataset shards, at least one)",
+                            metavar="n")
+    baseline: bool = opt(False, _flag(),
+                         "Charikar's random hyperplanes instead of the learned hash functions")
+    seed: int = opt(0, SEED, "seed of the hash functions and permutations")
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and self.permutations is not None:
+            raise InputError("give epsilon or permutations (M), not both")
+
+    #: the fields an index records and an --append must agree with
+    RECORDED = ("bits", "epsilon", "permutations", "window", "hamming_keep", "baseline", "seed")
+
+
+@dataclass(frozen=True)
+class QueryConfig(Section):
+    """Bulk queries (``lshdist query``, the ``query:`` section)."""
+
+    k: int = opt(10, POSITIVE, "neighbours per query")
+    mode: str = opt("hash", _choice("hash", "scan"),
+                    "hashed search, or the exact distributed linear scan")
+    query_chunk: int = opt(5_000, POSITIVE, "queries per task", metavar="n")
+
+
+@dataclass(frozen=True)
+class ClusterConfig(Section):
+    """Where the job runs (the ``cluster:`` section; the cluster options of every Dask job)."""
+
+    scheduler: str | None = opt(None, _optional(_string()),
+                                "an existing Dask scheduler (default: start a LocalCluster)",
+                                metavar="tcp://HOST:PORT")
+    workers: int = opt(2, POSITIVE, "LocalCluster worker processes, one thread each")
+    connect_timeout: float = opt(10.0, _float(), "seconds to wait for --scheduler",
+                                 metavar="SECONDS")
+    in_process: bool = opt(False, _flag(), "run the LocalCluster's workers as threads of "
+                                           "this process")
+    stall_timeout: float = opt(600.0, _float(),
+                               "fail the job when no task finishes for this many seconds "
+                               "(a frozen scheduler or worker)", metavar="SECONDS")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(Section):
+    """What ``lshdist run`` reports (the ``evaluate:`` section)."""
+
+    ks: tuple[int, ...] = opt((1, 4), _int_list(), "k of the k-NN accuracies", cli=False)
+    recall_k: int = opt(10, POSITIVE, "recall@K", cli=False)
+    plots: bool = opt(False, _flag(), "write the accuracy and recall plots", cli=False)
+
+
+@dataclass(frozen=True)
+class DataSpec(Section):
+    """One split of the ``data:`` section: files to ingest, or a built-in dataset."""
+
+    inputs: tuple[str, ...] | None = opt(None, _optional(_str_list()), "input files")
+    format: str | None = opt(None, _optional(_string()), "input format (default: detected)")
+    rows: tuple[int, int] | None = opt(None, _optional(_rows()), "rows [START, STOP] of the input")
+    shard_rows: int = opt(10_000, POSITIVE, "rows per dataset shard")
+    text: bool = opt(False, _flag(), "tab-separated text with a category column (tf-idf)")
+    builtin: str | None = opt(None, _optional(_choice("digits")), "a built-in dataset")
+
+    def __post_init__(self) -> None:
+        if (self.inputs is None) == (self.builtin is None):
+            raise InputError("a data split needs exactly one of 'inputs' (files) or 'builtin'")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole ``lshdist run`` job."""
+
+    workdir: Path
+    train: DataSpec
+    test: DataSpec
+    name: str = ""
+    learn: LearnConfig = field(default_factory=LearnConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    query: QueryConfig = field(default_factory=QueryConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+# --------------------------------------------------------------------------------------------
+# building sections from flags and from mappings
+
+
+def _fields(cls: type[Section]) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if "rule" in f.metadata]
+
+
+def _flag_name(f: dataclasses.Field[Any]) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    d = f.default
+    if d is None:
+        return ""
+    if isinstance(d, bool):
+        return ""
+    if isinstance(d, tuple):
+        d = ",".join(map(str, d))
+    return f" (default {d})"
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type[Section], *, title: str | None = None,
+                skip: Sequence[str] = ()) -> None:
+    """Add the CLI options of section ``cls`` to ``parser`` (in an argument group if ``title``).
+
+    Defaults are not set in argparse (`argparse.SUPPRESS`): `from_args` takes them from the
+    dataclass, and knows which options the user gave.
+    """
+    target: argparse.ArgumentParser | argparse._ArgumentGroup = (
+        parser.add_argument_group(title) if title else parser)
+    for f in _fields(cls):
+        if not f.metadata["cli"] or f.name in skip:
+            continue
+        rule: Rule = f.metadata["rule"]
+        help_text = (f.metadata["help"] + _default_text(f)).replace("%", "%%")
+        if rule.describe == "true or false":
+            target.add_argument(_flag_name(f), dest=f.name, action="store_true",
+                                default=argparse.SUPPRESS, help=help_text)
+            continue
+        target.add_argument(_flag_name(f), dest=f.name, type=_argparse_type(rule, _flag_name(f)),
+                            default=argparse.SUPPRESS, help=help_text,
+                            metavar=f.metadata["metavar"] or (
+                                "{" + ",".join(rule.choices) + "}" if rule.choices
+                                else f.name.upper()))
+
+
+def _argparse_type(rule: Rule, flag: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return rule.from_text(text)
+        except _Bad as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {exc}") from None
+
+    convert.__name__ = flag  # argparse names the type in its own messages
+    return convert
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Section ``cls`` from parsed flags (options not given keep the dataclass defaults;
+    ``given_`` names those the user gave)."""
+    names = {f.name for f in _fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    return cls(**values, given_=frozenset(values))
+
+
+def from_mapping(cls: type[T], values: Any, *, where: str) -> T:
+    """Section ``cls`` from a YAML mapping; unknown keys and bad values are `InputError`s."""
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise InputError(f"{where}: expected a mapping of options, got {type(values).__name__} "
+                         f"{values!r}")
+    fields_ = {f.name: f for f in _fields(cls)}
+    unknown = sorted(set(values) - set(fields_))
+    if unknown:
+        raise InputError(f"{where}: unknown key {unknown[0]!r}; allowed keys: "
+                         f"{', '.join(sorted(fields_))}")
+    out = {}
+    for key, value in values.items():
+        rule: Rule = fields_[key].metadata["rule"]
+        try:
+            out[key] = rule.check(value)
+        except _Bad as exc:
+            raise InputError(f"{where}.{key}: expected {exc}, got {value!r}") from None
+    try:
+        return cls(**out, given_=frozenset(out))
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+
+
+_RUN_SECTIONS = {"name", "workdir", "cluster", "data", "learn", "index", "query", "evaluate"}
+
+
+def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
+    """A `RunConfig` from a YAML file; ``${VAR}`` is expanded from the environment."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"config {str(p)!r} does not exist; give the path of a YAML file "
+                         "(examples in configs/)")
+    try:
+        raw = yaml.safe_load(os.path.expandvars(p.read_text()))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError(f"config {str(p)!r} is not valid YAML: {exc}") from None
+    where = f"config {str(p)!r}"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} must be a mapping of sections "
+                         f"({', '.join(sorted(_RUN_SECTIONS))})")
+    unknown = sorted(set(raw) - _RUN_SECTIONS)
+    if unknown:
+        raise InputError(f"{where}: unknown sections {unknown}; known: {sorted(_RUN_SECTIONS)}")
+    for key in ("workdir", "data"):
+        if key not in raw:
+            raise InputError(f"{where} needs a {key!r} section")
+    if not isinstance(raw["workdir"], str) or not raw["workdir"]:
+        raise InputError(f"{where}.workdir: expected a directory path, got {raw['workdir']!r}")
+    data = raw["data"]
+    if not isinstance(data, dict) or set(data) != {"train", "test"}:
+        got = sorted(data) if isinstance(data, dict) else data
+        raise InputError(f"{where}.data: expected exactly the keys 'train' and 'test', got {got!r}")
+    if "${" in yaml.safe_dump(data) or "$" in "".join(
+            str(x) for s in data.values() if isinstance(s, dict) for x in (s.get("inputs") or [])):
+        raise InputError(f"{where} uses an unset environment variable in data "
+                         "(is LSHDIST_DATA_DIR set? `make demo` sets it)")
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise InputError(f"{where}.name: expected a string, got {name!r}")
+    return RunConfig(
+        workdir=Path(raw["workdir"]), name=name,
+        train=from_mapping(DataSpec, data["train"], where=f"{where}.data.train"),
+        test=from_mapping(DataSpec, data["test"], where=f"{where}.data.test"),
+        learn=from_mapping(LearnConfig, raw.get("learn"), where=f"{where}.learn"),
+        index=from_mapping(IndexConfig, raw.get("index"), where=f"{where}.index"),
+        query=from_mapping(QueryConfig, raw.get("query"), where=f"{where}.query"),
+        evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), where=f"{where}.evaluate"),
+        cluster=from_mapping(ClusterConfig, raw.get("cluster"), where=f"{where}.cluster"),
+    )

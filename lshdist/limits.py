@@ -1,0 +1,8 @@
+"""Bounds on parameters, in one place (the config checks them; the layers below rely on them).
+
+``MAX_PERMUTATIONS`` keeps the permutation lists of a segment within reason: M lists of N
+int32 rows and uint64 prefixes are 12·M·N bytes (M = 4,096 at N = 100,000 is 4.9 GB).
+"""
+
+MAX_BITS = 4096
+MAX_PERMUTATIONS = 4096
