@@ -9,7 +9,7 @@ export LSHDIST_DATA_DIR ?= $(SHARED_DATA)
 endif
 DEMO := out/demo
 
-.PHONY: test test-slow demo bench clean
+.PHONY: test lint types test-slow demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,19 @@ $(VENV)/.bench: pyproject.toml $(VENV)/.test
 	$(BIN)/pip install -q -e '.[test,bench]'
 	touch $@
 
-## the default test run (slow and multi-process tests excluded; see test-slow)
-test: $(VENV)/.test
+## lint, types, then the default test run (tests marked slow, cluster or drills excluded)
+test: lint types $(VENV)/.test
 	$(BIN)/pytest
 
-## everything, including tests marked slow or cluster
+lint: $(VENV)/.test
+	$(BIN)/ruff check lshdist tests benchmarks scripts
+
+types: $(VENV)/.test
+	$(BIN)/mypy
+
+## the tests marked slow, cluster or drills (CI runs them after `make test`)
 test-slow: $(VENV)/.test
-	$(BIN)/pytest -m ""
+	$(BIN)/pytest -m "slow or cluster or drills"
 
 ## ingest the real datasets and evaluate the learned metric + hashing on them
 demo: $(VENV)/.test
