@@ -71,9 +71,9 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
     found = artefact_kind(p) if p.is_dir() and not p.is_symlink() else None
     if found is None or (kind is not None and found != kind):
         what = f"an lshdist {found.removeprefix('lshdist-')}" if found else "not an lshdist artefact"
-        want = kind.removeprefix("lshdist-") if kind else "lshdist artefact"
+        want = f"an lshdist {kind.removeprefix('lshdist-')}" if kind else "an lshdist artefact"
         raise OutputExistsError(
-            f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes a {want}; "
+            f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes {want}; "
             "remove it yourself or choose another path")
     return p
 

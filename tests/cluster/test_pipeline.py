@@ -258,3 +258,82 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
                  "--connect-timeout", "1"]) == 2
     assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:9'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_append_conflicts_and_unsafe_outputs_exit_2_writing_nothing(letter_job, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(idx), cfg=INDEX)
+    before = {p: p.stat().st_mtime_ns for p in idx.rglob("*")}
+    base = ["--in-process", "--workers", "1"]
+    common = ["--data", str(letter_job / "second"), "--model", str(letter_job / "model"),
+              "--out", str(idx), "--append", *base]
+    assert main(["index", *common, "--bits", "256", "--window", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--bits 256 (the index has 64)" in err and "--window" not in err  # W=4 agrees
+    assert err.count("\n") == 1
+    # appending data whose ids are already in the index (a day ingested with ids from 0)
+    assert main(["index", *common[:1], str(letter_job / "first"), *common[2:]]) == 2
+    assert "has ids already in index" in capsys.readouterr().err
+    # outputs that are inputs, or not lshdist artefacts of the same kind
+    q = ["query", "--index", str(idx), "--queries", str(letter_job / "queries"), *base]
+    assert main([*q, "--out", str(idx), "--overwrite"]) == 2
+    assert "would overwrite the input" in capsys.readouterr().err
+    assert main([*q, "--out", str(letter_job / "model"), "--overwrite"]) == 2
+    assert "would overwrite the input" in capsys.readouterr().err
+    (tmp_path / "docs").mkdir()
+    assert main([*q, "--out", str(tmp_path / "docs"), "--overwrite"]) == 2
+    assert "not an lshdist artefact" in capsys.readouterr().err
+    assert main(["index", "--data", str(letter_job / "first"), "--model",
+                 str(letter_job / "model"), "--out", str(letter_job / "queries"),
+                 "--overwrite", *base]) == 2
+    assert "it is an lshdist dataset, and this job writes an lshdist index" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in idx.rglob("*")} == before
+    # the same parameters given explicitly are no conflict
+    assert main(["index", *common, "--bits", "64"]) == 0
+    assert main(["info", str(idx)]) == 0
+
+
+def _append(args):
+    import contextlib
+    import io
+
+    from lshdist.cli import main as cli
+
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = cli(args)
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("trial", [0, *[pytest.param(t, marks=pytest.mark.drills)
+                                       for t in range(1, 20)]])
+def test_concurrent_appends_both_land(letter_job, tmp_path, trial):
+    """Two appends from two processes: both land (the index lock serialises the manifest swap)
+    or one fails clearly; every row is in the index exactly once."""
+    import multiprocessing as mp
+
+    from lshdist.store.dataset import Dataset, write_dataset
+    from lshdist.store.index import read_manifest, segment_ids
+
+    Xtr = Dataset(letter_job / "train-a").read_rows(0, 3000)
+    write_dataset(tmp_path / "p", Xtr[:1000], ids=np.arange(100_000, 101_000), shard_rows=500)
+    write_dataset(tmp_path / "q", Xtr[1000:3000], ids=np.arange(200_000, 202_000),
+                  shard_rows=500)
+    idx = tmp_path / "idx"
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(idx), cfg=INDEX)
+    ctx = mp.get_context("spawn")
+    args = [["index", "--data", str(tmp_path / d), "--model", str(letter_job / "model"),
+             "--out", str(idx), "--append", "--in-process", "--workers", "1"] for d in "pq"]
+    with ctx.Pool(2) as pool:
+        results = pool.map(_append, args)
+    m = read_manifest(idx)
+    ids = np.concatenate([segment_ids(idx, e) for e in m["segments"]])
+    assert len(ids) == len(np.unique(ids))
+    expect = 8000 + sum(n for (code, _), n in zip(results, (1000, 2000)) if code == 0)
+    assert len(ids) == m["rows"] == expect
+    for code, err in results:
+        assert code == 0 or ("lock" in err and err.count("\n") == 1), err
+    assert {p.name for p in (idx / "segments").iterdir()} == {e["name"] for e in m["segments"]}

@@ -2,6 +2,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -49,3 +50,48 @@ def test_bad_configs(tmp_path, capsys, text, message):
     path.write_text(text)
     assert main(["run", str(path)]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_run_with_shuffled_noncontiguous_ids(tmp_path, capsys):
+    """Labels and recall are looked up by id: ids that are shuffled and far from 0..N-1 give
+    the same report as the same data with plain ids (once crashed with IndexError, or scored
+    the wrong queries)."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(10**7)[: len(y)] + 10**9  # not sorted, not contiguous
+    np.savez(tmp_path / "train.npz", X=X[:1500], y=y[:1500], ids=ids[:1500])
+    np.savez(tmp_path / "test.npz", X=X[1500:], y=y[1500:], ids=ids[1500:])
+    np.savez(tmp_path / "train0.npz", X=X[:1500], y=y[:1500])
+    np.savez(tmp_path / "test0.npz", X=X[1500:], y=y[1500:])
+    reports = []
+    for tag, tr, te in (("shuffled", "train.npz", "test.npz"), ("plain", "train0.npz",
+                                                                    "test0.npz")):
+        cfg = {"name": tag, "workdir": str(tmp_path / tag),
+               "cluster": {"workers": 1, "in_process": True},
+               "data": {"train": {"inputs": [str(tmp_path / tr)], "shard_rows": 500},
+                        "test": {"inputs": [str(tmp_path / te)], "shard_rows": 500}},
+               "learn": {"constraints": 500},
+               "index": {"bits": 64, "permutations": 20, "window": 4, "segment_rows": 1000},
+               "query": {"k": 10, "query_chunk": 100}, "evaluate": {"ks": [1, 4]}}
+        (tmp_path / f"{tag}.yaml").write_text(yaml.safe_dump(cfg))
+        assert main(["run", str(tmp_path / f"{tag}.yaml")]) == 0
+        reports.append(json.loads((tmp_path / tag / "report.json").read_text()))
+    shuffled, plain = reports
+    assert shuffled["scan"]["knn_accuracy"]["1"] >= 0.9
+    for mode in ("scan", "hash"):
+        for key in ("knn_accuracy", "recall_at_k", "fraction_searched"):
+            assert shuffled[mode][key] == plain[mode][key], (mode, key)
+
+
+def test_run_refuses_a_workdir_it_does_not_own(tmp_path, capsys):
+    work = tmp_path / "mine"
+    work.mkdir()
+    (work / "thesis.tex").write_text("precious")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"workdir: {work}\ndata: {{train: {{builtin: digits}}, "
+                   "test: {builtin: digits}}\n")
+    assert main(["run", str(cfg), "--fresh"]) == 2
+    assert "is not an lshdist workdir" in capsys.readouterr().err
+    assert (work / "thesis.tex").read_text() == "precious"

@@ -1,0 +1,58 @@
+"""The results format: written and read back by query id, whatever the ids' order."""
+
+import numpy as np
+import pytest
+
+from lshdist.errors import FormatError, OutputExistsError
+from lshdist.store.results import read_meta, read_results, write_part, write_results
+
+
+def _write(path, parts, k):
+    with write_results(path, k=k) as tmp:
+        for c, (qids, dist, ids, cand) in enumerate(parts):
+            write_part(tmp, c, qids, dist, ids, cand)
+
+
+def test_unsorted_noncontiguous_query_ids_read_back_by_id(tmp_path):
+    # catches: matching part rows to queries by position or by searchsorted on unsorted ids
+    # (ids [5, 3, 9]: query 5 got query 3's neighbours, query 3 none)
+    qids = np.array([5, 3, 9], np.int64)
+    ids = np.array([[50, 51], [30, -1], [90, 91]], np.int64)  # query 3 has one neighbour
+    dist = np.array([[0.5, 0.6], [0.3, np.inf], [0.9, 1.0]], np.float32)
+    cand = np.array([7, 4, 8])
+    _write(tmp_path / "r", [(qids, dist, ids, cand)], k=2)
+    got_q, got_nb, got_d, got_c = read_results(tmp_path / "r")
+    assert got_q.tolist() == [5, 3, 9]
+    assert got_nb.tolist() == ids.tolist() and got_c.tolist() == [7, 4, 8]
+    assert np.array_equal(got_d, dist)
+    # in a requested order, across parts
+    _write(tmp_path / "s", [(qids[:2], dist[:2], ids[:2], cand[:2]),
+                            (qids[2:], dist[2:], ids[2:], cand[2:])], k=2)
+    q, nb, _, c = read_results(tmp_path / "s", np.array([9, 5, 3]))
+    assert q.tolist() == [9, 5, 3] and nb[:, 0].tolist() == [90, 50, 30]
+    assert c.tolist() == [8, 7, 4]
+    assert read_meta(tmp_path / "s").queries == 3
+    with pytest.raises(FormatError, match="holds no row for id 4"):
+        read_results(tmp_path / "s", np.array([9, 4]))
+
+
+def test_results_refuse_what_they_are_not(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(FormatError, match="not an lshdist results directory"):
+        read_results(tmp_path / "plain")
+    (tmp_path / "plain" / "keep.txt").write_text("user data")
+    with pytest.raises(OutputExistsError, match="not an lshdist artefact"), \
+            write_results(tmp_path / "plain", k=1, overwrite=True):
+        pass
+    assert (tmp_path / "plain" / "keep.txt").read_text() == "user data"
+
+
+def test_failed_write_leaves_nothing_and_keeps_previous(tmp_path):
+    qids = np.array([2, 1], np.int64)
+    _write(tmp_path / "r", [(qids, np.zeros((2, 1), np.float32), np.array([[7], [8]]),
+                             np.ones(2))], k=1)
+    with pytest.raises(RuntimeError), write_results(tmp_path / "r", k=1, overwrite=True) as tmp:
+        write_part(tmp, 0, qids, np.zeros((2, 1), np.float32), np.array([[0], [0]]), np.ones(2))
+        raise RuntimeError("killed")
+    assert read_results(tmp_path / "r")[1][:, 0].tolist() == [7, 8]
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]
