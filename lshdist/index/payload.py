@@ -30,18 +30,30 @@ class DensePayload:
         return {"Z": self.Z}
 
     @classmethod
-    def from_arrays(cls, a: dict) -> "DensePayload":
-        return cls(a["Z"])
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> DensePayload:
+        """From stored arrays (`arrays`): ``Z`` float32 (N, d).
 
-    def take(self, rows) -> "DensePayload":
+        Raises
+        ------
+        InputError
+            If an array is missing, extra, or of the wrong dtype or shape.
+        """
+        _check_keys(a, {"Z"}, "dense")
+        Z = _check_array(a["Z"], "Z", np.float32, 2)
+        return cls(Z)
+
+    def take(self, rows) -> DensePayload:
         return DensePayload(self.Z[rows])
 
-    def rerank(self, offsets, rows, query: "DensePayload", k: int, tiebreak: np.ndarray):
+    def rerank(self, offsets, rows, query: DensePayload, k: int, tiebreak: np.ndarray):
         """Exact top-k of each query's candidates (CSR ``offsets``/``rows``), ties by
         ``tiebreak[row]``: ``(float32 (Q, k), int64 rows (Q, k))``."""
+        if query.Z.shape[1] != self.Z.shape[1]:  # the kernel reads d entries of each query
+            raise InputError(f"queries have {query.Z.shape[1]} payload columns, the index "
+                             f"{self.Z.shape[1]}: were they encoded with the index's model?")
         return rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
 
-    def distances(self, query: "DensePayload") -> np.ndarray:
+    def distances(self, query: DensePayload) -> np.ndarray:
         """Approximate distances from the queries to all rows (float32 BLAS expansion; the scan
         re-checks its best rows exactly)."""
         Z, Zq = self.Z, query.Z
@@ -77,10 +89,36 @@ class KernelPayload:
                 "kx": self.kx, "sx": self.sx}
 
     @classmethod
-    def from_arrays(cls, a: dict) -> "KernelPayload":
-        return cls(a["indptr"], a["indices"], a["data"], a["kx"], a["sx"])
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> KernelPayload:
+        """From stored arrays (`arrays`): ``indptr`` int64 (N+1,), ascending from 0 to nnz;
+        ``indices`` uint64 (nnz,); ``data`` float32 (nnz,); ``kx`` float32 (N, c); ``sx``
+        float64 (N,).
 
-    def take(self, rows: slice) -> "KernelPayload":
+        Raises
+        ------
+        InputError
+            If an array is missing, extra, of the wrong dtype or shape, or ``indptr`` does not
+            delimit ``indices``.
+        """
+        _check_keys(a, {"indptr", "indices", "data", "kx", "sx"}, "kernel")
+        indptr = _check_array(a["indptr"], "indptr", np.int64, 1)
+        indices = _check_array(a["indices"], "indices", np.uint64, 1)
+        data = _check_array(a["data"], "data", np.float32, 1)
+        kx = _check_array(a["kx"], "kx", np.float32, 2)
+        sx = _check_array(a["sx"], "sx", np.float64, 1)
+        n, nnz = len(sx), len(indices)
+        if len(indptr) != n + 1 or kx.shape[0] != n:
+            raise InputError(f"kernel payload: indptr has {len(indptr)} entries, kx "
+                             f"{kx.shape[0]} rows, sx {n}: expected N+1, N and N")
+        if len(data) != nnz:
+            raise InputError(f"kernel payload: data has {len(data)} entries, indices {nnz}")
+        if indptr[0] != 0 or indptr[-1] != nnz or np.any(np.diff(indptr) < 0):
+            raise InputError(f"kernel payload: indptr must ascend from 0 to nnz={nnz}, got "
+                             f"{indptr[0]} .. {indptr[-1]}"
+                             f"{'' if np.all(np.diff(indptr) >= 0) else ' (descending steps)'}")
+        return cls(indptr, indices, data, kx, sx)
+
+    def take(self, rows: slice) -> KernelPayload:
         """Contiguous rows (a slice with step 1)."""
         start, stop, step = rows.indices(len(self))
         if step != 1:
@@ -102,7 +140,10 @@ class KernelPayload:
             self._local_idx = inv.astype(np.int32).ravel()
         return self._features, self._local_idx
 
-    def rerank(self, offsets, rows, query: "KernelPayload", k: int, tiebreak: np.ndarray):
+    def rerank(self, offsets, rows, query: KernelPayload, k: int, tiebreak: np.ndarray):
+        if query.kx.shape[1] != self.kx.shape[1]:  # the kernel reads c entries of each query
+            raise InputError(f"queries have {query.kx.shape[1]} kernel columns, the index "
+                             f"{self.kx.shape[1]}: were they encoded with the index's model?")
         features, local = self._local()
         pos = np.searchsorted(features, query.indices)
         posc = np.minimum(pos, max(len(features) - 1, 0))
@@ -113,13 +154,26 @@ class KernelPayload:
                              self.kx, self.sx, query.indptr, qlocal, query.data,
                              query.kx.astype(np.float64), query.sx, k, tiebreak)
 
-    def distances(self, query: "KernelPayload") -> np.ndarray:
+    def distances(self, query: KernelPayload) -> np.ndarray:
         """Distances from the queries to all rows, float64 (Q, N)."""
         if not hasattr(self, "_block"):
             self._block = self.block()
         cross = query.block().dot_t(self._block)
         cross += query.kx.astype(np.float64) @ self.kx.astype(np.float64).T
         return np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * cross, 0.0)
+
+
+def _check_keys(a: dict[str, np.ndarray], expected: set[str], kind: str) -> None:
+    if set(a) != expected:
+        raise InputError(f"a {kind} payload has arrays {sorted(expected)}, got {sorted(a)}")
+
+
+def _check_array(a: np.ndarray, name: str, dtype: type, ndim: int) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype != dtype or a.ndim != ndim:
+        raise InputError(f"payload array {name!r} must be {ndim}-d {np.dtype(dtype)}, got "
+                         f"{a.ndim}-d {a.dtype}")
+    return a
 
 
 def _sparse_arrays(X) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

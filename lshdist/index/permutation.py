@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import numpy as np
 
@@ -20,12 +21,92 @@ from lshdist.validation import check_k
 def check_codes(codes: np.ndarray, bits: int, *, name: str = "codes") -> np.ndarray:
     codes = np.asarray(codes)
     if codes.dtype != np.uint64 or codes.ndim != 2:
-        raise InputError(f"{name} must be a 2-d uint64 array of packed keys, got {codes.dtype} {codes.shape}")
+        raise InputError(f"{name} must be a 2-d uint64 array of packed keys, got {codes.dtype} "
+                         f"{codes.shape}")
     if codes.shape[1] != (bits + 63) // 64:
         raise InputError(
             f"{name} have {codes.shape[1]} words per key, but {bits} bits need {(bits + 63) // 64}"
         )
     return np.ascontiguousarray(codes)
+
+
+class Payload(Protocol):
+    """The re-rank payload role (`lshdist.index.payload`): one entry per indexed row."""
+
+    kind: str
+
+    def __len__(self) -> int: ...
+
+    def arrays(self) -> dict[str, np.ndarray]: ...
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_state(*, window: int, hamming_keep: int, bits: int, codes: np.ndarray,
+                positions: np.ndarray, sorted_prefix: np.ndarray, sorted_rows: np.ndarray,
+                payload: Payload, ids: np.ndarray) -> None:
+    """Check that stored arrays form a fitted state the search kernels can read safely.
+
+    Vectorised range checks, O(M N) once per load: ``codes`` uint64 (N, ceil(b/64));
+    ``positions`` int64 (M, min(64, b)), distinct bit numbers in [0, b) per row;
+    ``sorted_rows`` int32/int64 (M, N), every row a permutation of 0..N-1; ``sorted_prefix``
+    uint64 (M, N), ascending per row; ``ids`` int64 (N,); ``len(payload) == N``.
+
+    Raises
+    ------
+    InputError
+        Naming the first array that is not what the kernels expect.
+    """
+    if not _is_int(bits) or bits < 1:
+        raise InputError(f"bits={bits!r}: the key length must be an integer >= 1")
+    if not _is_int(window) or window < 1:
+        raise InputError(f"window={window!r}: W must be an integer >= 1")
+    if not _is_int(hamming_keep) or hamming_keep < 0:
+        raise InputError(f"hamming_keep={hamming_keep!r}: must be an integer >= 0")
+    codes = check_codes(codes, int(bits))
+    N = codes.shape[0]
+    if N == 0:
+        raise InputError("codes have 0 rows: a stored segment holds at least one row")
+    L = min(64, int(bits))
+    positions = np.asarray(positions)
+    if positions.dtype != np.int64 or positions.ndim != 2 or positions.shape[1] != L:
+        raise InputError(f"positions must be int64 (M, {L}) for b={bits}, got "
+                         f"{positions.dtype} {positions.shape}")
+    M = positions.shape[0]
+    if M == 0:
+        raise InputError("positions has 0 rows: at least one permutation is needed")
+    if positions.min() < 0 or positions.max() >= bits:
+        raise InputError(f"positions hold bit numbers in [{positions.min()}, {positions.max()}], "
+                         f"outside [0, {bits})")
+    if L > 1 and not np.all(np.diff(np.sort(positions, axis=1), axis=1) > 0):
+        raise InputError("positions repeat a bit within a permutation")
+    sorted_rows = np.asarray(sorted_rows)
+    if sorted_rows.dtype not in (np.int32, np.int64) or sorted_rows.shape != (M, N):
+        raise InputError(f"sorted_rows must be int32 or int64 (M, N) = ({M}, {N}), got "
+                         f"{sorted_rows.dtype} {sorted_rows.shape}")
+    lo, hi = int(sorted_rows.min()), int(sorted_rows.max())
+    if lo < 0 or hi >= N:
+        raise InputError(f"sorted_rows hold rows in [{lo}, {hi}], outside [0, {N})")
+    seen = np.empty(N, dtype=bool)
+    for m in range(M):  # in range and N entries: a permutation iff every row is hit
+        seen[:] = False
+        seen[sorted_rows[m]] = True
+        if not seen.all():
+            raise InputError(f"sorted_rows[{m}] is not a permutation of 0..{N - 1} "
+                             f"({N - int(seen.sum())} rows missing)")
+    sorted_prefix = np.asarray(sorted_prefix)
+    if sorted_prefix.dtype != np.uint64 or sorted_prefix.shape != (M, N):
+        raise InputError(f"sorted_prefix must be uint64 (M, N) = ({M}, {N}), got "
+                         f"{sorted_prefix.dtype} {sorted_prefix.shape}")
+    if N > 1 and not np.all(sorted_prefix[:, 1:] >= sorted_prefix[:, :-1]):
+        raise InputError("sorted_prefix is not ascending within every permutation")
+    ids = np.asarray(ids)
+    if ids.dtype != np.int64 or ids.shape != (N,):
+        raise InputError(f"ids must be int64 ({N},), got {ids.dtype} {ids.shape}")
+    if len(payload) != N:
+        raise InputError(f"the payload has {len(payload)} rows, the codes {N}")
 
 
 def permutation_prefixes(codes: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -121,11 +202,30 @@ class PermutationIndex:
         self.n_permutations_ = positions.shape[0]
 
     @classmethod
-    def from_state(cls, *, window, hamming_keep, seed, **state) -> "PermutationIndex":
-        """Rebuild a fitted index from stored arrays (see `lshdist.store.index`)."""
-        idx = cls(n_permutations=state["positions"].shape[0], window=window,
-                  hamming_keep=hamming_keep, seed=seed)
-        idx._set_state(**state)
+    def from_state(cls, *, window: int, hamming_keep: int, seed: int, bits: int,
+                   codes: np.ndarray, positions: np.ndarray, sorted_prefix: np.ndarray,
+                   sorted_rows: np.ndarray, payload: Payload,
+                   ids: np.ndarray) -> PermutationIndex:
+        """Rebuild a fitted index from stored arrays (see `lshdist.store.index`).
+
+        Every shape, dtype and range the kernels rely on is checked first (`check_state`), so
+        that no kernel reads outside an array whatever was on disk.
+
+        Raises
+        ------
+        InputError
+            If the arrays are not a consistent fitted state.
+        """
+        check_state(window=window, hamming_keep=hamming_keep, bits=bits, codes=codes,
+                    positions=positions, sorted_prefix=sorted_prefix, sorted_rows=sorted_rows,
+                    payload=payload, ids=ids)
+        idx = cls(n_permutations=int(positions.shape[0]), window=int(window),
+                  hamming_keep=int(hamming_keep), seed=seed)
+        idx._set_state(bits=bits, codes=np.ascontiguousarray(codes),
+                       positions=np.ascontiguousarray(positions),
+                       sorted_prefix=np.ascontiguousarray(sorted_prefix),
+                       sorted_rows=np.ascontiguousarray(sorted_rows), payload=payload,
+                       ids=np.ascontiguousarray(ids))
         return idx
 
     def __len__(self) -> int:
@@ -133,7 +233,8 @@ class PermutationIndex:
 
     def _fitted(self):
         if not hasattr(self, "codes_"):
-            raise NotFittedError("this PermutationIndex is not fitted; call fit(codes, bits, payload)")
+            raise NotFittedError(
+                "this PermutationIndex is not fitted; call fit(codes, bits, payload)")
         return self
 
     def candidates(self, qcodes: np.ndarray, *, bulk: bool = True) -> np.ndarray:
@@ -148,7 +249,8 @@ class PermutationIndex:
         W = int(self.window)
         if bulk:
             qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
-            return window_candidates_merge(self.sorted_prefix_, self.sorted_rows_, qprefix, qorder, W)
+            return window_candidates_merge(self.sorted_prefix_, self.sorted_rows_, qprefix,
+                                           qorder, W)
         return window_candidates_bsearch(self.sorted_prefix_, self.sorted_rows_, qprefix, W)
 
     def search(self, qcodes: np.ndarray, qpayload, k: int, *, bulk: bool = True,

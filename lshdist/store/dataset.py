@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -43,7 +44,7 @@ def _shard_bounds(n: int, shard_rows: int) -> np.ndarray:
 
 
 def write_dataset(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     X,
     y=None,
     *,
@@ -52,8 +53,8 @@ def write_dataset(
     d: int | None = None,
     shard_rows: int = DEFAULT_SHARD_ROWS,
     overwrite: bool = False,
-    attrs: dict | None = None,
-) -> "Dataset":
+    attrs: dict[str, Any] | None = None,
+) -> Dataset:
     """Write a dense or sparse dataset, atomically.
 
     Parameters
@@ -79,6 +80,10 @@ def write_dataset(
                 d = int(X.shape[1])
             X = SparseBlock.from_csr(X)
         check_finite(X.matrix)
+        if not X.matrix.has_canonical_format:  # the format promises sorted, unique ids per row
+            m = X.matrix.copy()
+            m.sum_duplicates()
+            X = SparseBlock(m, X.features)
         kind, n = "sparse", X.n_rows
         if n == 0:
             raise InputError("X is empty (0 rows); give at least one row")
@@ -112,7 +117,7 @@ def write_dataset(
             g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)))
         else:
             indptr, indices, data = X.to_arrays()
-            nnz = int(len(data))
+            nnz = len(data)
             gx = g.create_group("X")
             gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,))
             ck = (int(max(1, min(_SPARSE_CHUNK, nnz))),)
@@ -139,6 +144,34 @@ def write_dataset(
     return Dataset(path)
 
 
+def _check_attrs(attrs: dict[str, Any], path: Path) -> None:
+    """Presence, type and range of the group attributes (no array read)."""
+    where = f"{str(path)!r}: dataset attributes"
+    ints = {"N": 1, "d": 1, "shard_rows": 1, "n_shards": 1}
+    for key, lo in ints.items():
+        v = attrs.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise FormatError(f"{where}: {key}={v!r}, expected an integer >= {lo}; the dataset "
+                              "is corrupted, re-ingest it")
+    kind = attrs.get("kind")
+    if kind not in ("dense", "sparse"):
+        raise FormatError(f"{where}: kind={kind!r}, expected 'dense' or 'sparse'; the dataset "
+                          "is corrupted, re-ingest it")
+    nnz = attrs.get("nnz")
+    if kind == "sparse" and (not isinstance(nnz, int) or isinstance(nnz, bool) or nnz < 0):
+        raise FormatError(f"{where}: nnz={nnz!r}, expected an integer >= 0 for sparse data; "
+                          "the dataset is corrupted, re-ingest it")
+    if kind == "dense" and attrs["n_shards"] != -(-attrs["N"] // attrs["shard_rows"]):
+        raise FormatError(f"{where}: n_shards={attrs['n_shards']} but N={attrs['N']} rows in "
+                          f"shards of {attrs['shard_rows']}; the dataset is corrupted, "
+                          "re-ingest it")
+    classes = attrs.get("classes")
+    if classes is not None and (not isinstance(classes, list)
+                                or not all(isinstance(c, str) for c in classes)):
+        raise FormatError(f"{where}: classes must be a list of names or null; the dataset is "
+                          "corrupted, re-ingest it")
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     index: int
@@ -152,7 +185,7 @@ class Dataset:
     Raises `FormatError` for a directory that is not an lshdist dataset or is corrupted.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         if not self.path.exists():
             raise InputError(f"dataset {str(self.path)!r} does not exist")
@@ -181,26 +214,107 @@ class Dataset:
                 f"{str(self.path)!r} has dataset format version {attrs.get('version')!r}; "
                 f"this lshdist reads version {VERSION}"
             )
+        _check_attrs(attrs, self.path)
         self.attrs = attrs
         try:
             self._group = zarr.open_group(str(self.path), mode="r", zarr_format=3)
-            if self.kind == "dense":
-                xa = self._group["X"]
-                if tuple(xa.shape) != (self.n, self.d):
-                    raise FormatError(
-                        f"{str(self.path)!r}: X has shape {xa.shape}, attributes say "
-                        f"({self.n}, {self.d}); the dataset is corrupted, re-ingest it"
-                    )
-            else:
-                self._bounds = np.asarray(self._group["X/shard_bounds"][:], dtype=np.int64)
-                if self._group["X/indptr"].shape[0] != self.n + 1:
-                    raise FormatError(f"{str(self.path)!r}: X/indptr does not have N+1 entries")
+            self._check_arrays()
         except FormatError:
             raise
         except Exception as exc:  # zarr raises many types for missing or broken arrays
             raise FormatError(
                 f"{str(self.path)!r} is corrupted ({type(exc).__name__}: {exc}); re-ingest it"
             ) from None
+
+    def _damaged(self, what: str) -> FormatError:
+        return FormatError(f"{str(self.path)!r}: {what}; the dataset is corrupted, re-ingest it")
+
+    def _array(self, name: str) -> zarr.Array[Any]:
+        a = self._group[name]
+        if not isinstance(a, zarr.Array):
+            raise self._damaged(f"{name!r} is a group, expected an array")
+        return a
+
+    def _check_arrays(self) -> None:
+        """Shapes and dtypes from the arrays' metadata (and the shard bounds): cheap."""
+        g, n, d = self._group, self.n, self.d
+        if self.kind == "dense":
+            xa = self._array("X")
+            if tuple(xa.shape) != (n, d) or xa.dtype != np.float32:
+                raise self._damaged(f"X is {xa.dtype} {tuple(xa.shape)}, the attributes say "
+                                    f"float32 ({n}, {d})")
+        else:
+            specs = {"X/indptr": (np.int64, (n + 1,)), "X/indices": (np.uint64, (self.nnz,)),
+                     "X/data": (np.float32, (self.nnz,))}
+            for name, (dtype, shape) in specs.items():
+                a = self._array(name)
+                if tuple(a.shape) != shape or a.dtype != dtype:
+                    raise self._damaged(f"{name} is {a.dtype} {tuple(a.shape)}, expected "
+                                        f"{np.dtype(dtype)} {shape}")
+            b = np.asarray(self._array("X/shard_bounds")[:])
+            if (b.dtype.kind not in "iu" or b.ndim != 1 or len(b) != self.attrs["n_shards"] + 1
+                    or b[0] != 0 or b[-1] != n or np.any(np.diff(b) <= 0)):
+                shown = f"{b[:8].tolist()}{'...' if len(b) > 8 else ''}"
+                raise self._damaged(f"X/shard_bounds is {shown}, expected "
+                                    f"{self.attrs['n_shards'] + 1} row numbers rising from 0 "
+                                    f"to N={n}")
+            self._bounds = b.astype(np.int64)
+        ids = self._array("ids")
+        if tuple(ids.shape) != (n,) or ids.dtype != np.int64:
+            raise self._damaged(f"ids is {ids.dtype} {tuple(ids.shape)}, expected int64 ({n},)")
+        if "y" in g:
+            y = self._array("y")
+            if tuple(y.shape) != (n,) or y.dtype.kind not in "iu":
+                raise self._damaged(f"y is {y.dtype} {tuple(y.shape)}, expected integer ({n},)")
+            if self.classes is None:
+                raise self._damaged("y is present but the attributes have no classes")
+
+    def verify(self) -> None:
+        """Read everything, shard by shard, and check what the format promises.
+
+        Finite values; sparse: ``indptr`` rising from 0 to nnz, feature ids sorted and unique
+        within each row; labels within ``classes``.
+
+        Raises
+        ------
+        FormatError
+            For the first problem found.
+        """
+        for shard in self.shards():
+            where = f"rows {shard.start}:{shard.stop}"
+            with self._reading(f"{where} of X"):
+                if self.kind == "dense":
+                    block = self.read_rows(shard.start, shard.stop)
+                    if not np.isfinite(block).all():
+                        raise self._damaged(f"{where} of X hold NaN or infinite values")
+                    continue
+                indptr = np.asarray(self._array("X/indptr")[shard.start:shard.stop + 1])
+                if np.any(np.diff(indptr) < 0) or indptr[0] < 0 or indptr[-1] > self.nnz:
+                    raise self._damaged(f"X/indptr is not rising within [0, nnz] in {where}")
+                lo, hi = int(indptr[0]), int(indptr[-1])
+                indices = np.asarray(self._array("X/indices")[lo:hi])
+                data = np.asarray(self._array("X/data")[lo:hi])
+                if not np.isfinite(data).all():
+                    raise self._damaged(f"{where} of X hold NaN or infinite values")
+                # strictly rising ids within a row: compare neighbours that share a row
+                rising = indices[1:] > indices[:-1]
+                starts = indptr[1:-1] - lo
+                same_row = np.ones(len(rising), dtype=bool)
+                inner = starts[(starts > 0) & (starts < len(indices))]
+                same_row[inner - 1] = False
+                if np.any(same_row & ~rising):
+                    raise self._damaged(f"feature ids of {where} are not sorted and unique "
+                                        "within each row")
+        if self.kind == "sparse":
+            with self._reading("X/indptr"):
+                ends = self._array("X/indptr")
+                first = int(np.asarray(ends[0:1])[0])
+                last = int(np.asarray(ends[self.n:self.n + 1])[0])
+                if first != 0 or last != self.nnz:
+                    raise self._damaged(f"X/indptr runs from {first} to {last}, expected 0 to "
+                                        f"nnz={self.nnz}")
+        self.labels()
+        self.ids()
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -237,7 +351,7 @@ class Dataset:
         b = self.shard_bounds
         return [ShardInfo(i, int(b[i]), int(b[i + 1])) for i in range(len(b) - 1)]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """What `lshdist info` prints."""
         y = self.labels()
         return {
@@ -267,8 +381,16 @@ class Dataset:
             ) from None
 
     def labels(self) -> np.ndarray | None:
+        """Label codes, int (N,), each an index into `classes`; None when unlabelled."""
         with self._reading("y"):
-            return np.asarray(self._group["y"][:]) if "y" in self._group else None
+            if "y" not in self._group:
+                return None
+            y = np.asarray(self._group["y"][:])
+        n_classes = len(self.classes or [])
+        if len(y) and (y.min() < 0 or y.max() >= n_classes):
+            raise self._damaged(f"label codes run from {y.min()} to {y.max()}, outside the "
+                                f"{n_classes} classes")
+        return y
 
     def ids(self) -> np.ndarray:
         with self._reading("ids"):

@@ -4,15 +4,30 @@ A segment holds ``ids``, packed ``codes``, the permutations' bit ``positions``, 
 the ``sorted_rows`` and their 64-bit ``sorted_prefix``, and the re-rank ``payload/*`` arrays.
 The manifest is written last by atomic rename: a reader never sees a half-built index, and an
 interrupted build leaves the previous manifest (and so the previous index) as it was.
+
+Everything is verified when read: the manifest carries a checksum over its parameters and
+segment list and every field is checked for presence and type; segment names must be names
+`new_segment_name` makes (so they resolve inside ``INDEX/segments``); a segment's checksum is
+recomputed from the arrays loaded (a deleted Zarr chunk reads back as fill values and is caught
+here); shapes and ranges are checked before any kernel sees the arrays
+(`lshdist.index.permutation.check_state`).  Builds and appends serialise on `index_lock`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
+import socket
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -21,27 +36,98 @@ from lshdist.errors import FormatError, InputError
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.store.atomic import atomic_write_text
-from lshdist.store.model import array_checksum
+from lshdist.store.model import array_checksum, zarr_array
+
+log = logging.getLogger(__name__)
 
 FORMAT = "lshdist-index"
-VERSION = 1
+#: 2: manifest checksum; segment names checked
+VERSION = 2
 MANIFEST = "index.json"
-_PAYLOADS = {"dense": DensePayload, "kernel": KernelPayload}
+SEGMENTS = "segments"
+_PAYLOADS: dict[str, type[DensePayload] | type[KernelPayload]] = {
+    "dense": DensePayload, "kernel": KernelPayload}
 _UNCOMPRESSED = {"codes", "sorted_rows", "sorted_prefix"}
+_STATE = ("ids", "codes", "positions", "sorted_rows", "sorted_prefix")
+_SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{16}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REBUILD = "rebuild the index (`lshdist index --overwrite`)"
+
+#: manifest fields: name -> (allowed JSON types, description for messages)
+_INT, _NUM, _STR, _BOOL = (int,), (int, float), (str,), (bool,)
+_NONE = (type(None),)
+_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "format": (_STR, "a string"),
+    "version": (_INT, "an integer"),
+    "model": (_STR, "a path"),
+    "model_checksum": (_STR, "a sha256 hex digest"),
+    "kind": (_STR, "'explicit' or 'implicit'"),
+    "d": (_INT, "an integer >= 1"),
+    "bits": (_INT, "an integer >= 1"),
+    "epsilon": (_NUM + _NONE, "a number > 0 or null"),
+    "permutations": (_INT + _NONE, "an integer >= 1 or null"),
+    "window": (_INT, "an integer >= 1"),
+    "hamming_keep": (_INT, "an integer >= 0"),
+    "seed": (_INT, "an integer"),
+    "learned": (_BOOL, "true or false"),
+    "segments": ((list,), "a list of segment entries"),
+    "rows": (_INT, "an integer >= 0"),
+    "checksum": (_STR, "a sha256 hex digest"),
+}
+_ENTRY_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "name": (_STR, "a segment name seg-<16 hex digits>"),
+    "rows": (_INT, "an integer >= 1"),
+    "permutations": (_INT, "an integer >= 1"),
+    "checksum": (_STR, "a sha256 hex digest"),
+}
+_ENTRY_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    "source": (_STR, "a path"),
+    "start": (_INT, "an integer >= 0"),
+    "stop": (_INT, "an integer >= 0"),
+}
 
 
 def new_segment_name() -> str:
+    """A fresh segment directory name, ``seg-`` and 16 hex digits."""
     return f"seg-{uuid.uuid4().hex[:16]}"
 
 
-def write_segment(index_dir: str | os.PathLike, name: str, index: PermutationIndex) -> dict:
+def segment_path(index_dir: str | os.PathLike[str], name: Any) -> Path:
+    """``INDEX/segments/NAME``, refusing any name `new_segment_name` would not make.
+
+    Raises
+    ------
+    FormatError
+        For a name with a path separator, ``..``, an absolute path or anything else that is not
+        ``seg-`` + 16 hex digits, or one that resolves outside ``INDEX/segments`` (a symlink).
+    """
+    if not isinstance(name, str) or not _SEGMENT_NAME.fullmatch(name):
+        raise FormatError(f"index {str(index_dir)!r}: segment name {name!r} is not "
+                          "seg-<16 hex digits>; the manifest was edited or damaged, "
+                          f"{_REBUILD}")
+    root = Path(index_dir) / SEGMENTS
+    path = root / name
+    if path.exists() and path.resolve().parent != root.resolve():
+        raise FormatError(f"index {str(index_dir)!r}: segment {name!r} resolves to "
+                          f"{str(path.resolve())!r}, outside {str(root)!r}; {_REBUILD}")
+    return path
+
+
+def _segment_checksum(arrays: dict[str, np.ndarray]) -> str:
+    return hashlib.sha256(
+        json.dumps({k: array_checksum(v) for k, v in sorted(arrays.items())}).encode()
+    ).hexdigest()
+
+
+def write_segment(index_dir: str | os.PathLike[str], name: str,
+                  index: PermutationIndex) -> dict[str, Any]:
     """Write one fitted segment; returns its manifest entry (name, rows, M, checksum)."""
     arrays = {
         "ids": index.ids_, "codes": index.codes_, "positions": index.positions_,
         "sorted_rows": index.sorted_rows_, "sorted_prefix": index.sorted_prefix_,
         **{f"payload/{k}": v for k, v in index.payload_.arrays().items()},
     }
-    path = Path(index_dir) / "segments" / name
+    path = segment_path(index_dir, name)
     g = zarr.open_group(str(path), mode="w", zarr_format=3)
     for key, a in arrays.items():
         # the sorted lists and keys are near-random bits: compressing them costs more time
@@ -49,38 +135,97 @@ def write_segment(index_dir: str | os.PathLike, name: str, index: PermutationInd
         raw = key in _UNCOMPRESSED
         g.create_array(key, data=np.ascontiguousarray(a), compressors=None if raw else "auto")
     g.attrs.update({"payload": index.payload_.kind, "bits": index.bits_})
-    digest = hashlib.sha256(
-        json.dumps({k: array_checksum(v) for k, v in sorted(arrays.items())}).encode()
-    ).hexdigest()
-    return {"name": name, "rows": int(len(index.ids_)), "permutations": int(index.n_permutations_),
-            "checksum": digest}
+    return {"name": name, "rows": len(index.ids_), "permutations": int(index.n_permutations_),
+            "checksum": _segment_checksum(arrays)}
 
 
-def read_segment(index_dir: str | os.PathLike, entry: dict, manifest: dict) -> PermutationIndex:
-    path = Path(index_dir) / "segments" / entry["name"]
+def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
+                 manifest: dict[str, Any]) -> PermutationIndex:
+    """Load and verify one segment named by a manifest entry (see `read_manifest`).
+
+    The checksum is recomputed from the arrays loaded, then shapes and ranges are checked
+    (`lshdist.index.permutation.check_state`) before the index is returned.
+
+    Raises
+    ------
+    FormatError
+        Naming the segment, for a missing, unreadable, altered or inconsistent segment.
+    """
+    name = entry.get("name") if isinstance(entry, dict) else None
+    path = segment_path(index_dir, name)
+    restore = f"{_REBUILD} or restore segment {name!r}"
+    where = f"segment {name!r} of index {str(index_dir)!r}"
+    if not path.is_dir():
+        raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
     try:
         g = zarr.open_group(str(path), mode="r", zarr_format=3)
-        kind = g.attrs["payload"]
+        kind, bits = g.attrs["payload"], g.attrs["bits"]
+        pg = g["payload"]
+        if not isinstance(pg, zarr.Group):
+            raise TypeError("'payload' is an array, expected a group")
+        payload_arrays = {f"payload/{k}": np.asarray(v[:]) for k, v in pg.arrays()}
+        state = {k: zarr_array(g, k) for k in _STATE}
+    except Exception as exc:  # zarr raises many types for missing or broken chunks and metadata
+        raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); "
+                          f"{restore}") from None
+    digest = _segment_checksum({**state, **payload_arrays})
+    if digest != entry["checksum"]:
+        raise FormatError(f"{where} does not match its checksum (expected "
+                          f"{entry['checksum'][:12]}..., its arrays give {digest[:12]}...): "
+                          f"a chunk is damaged or missing; {restore}")
+    if not isinstance(kind, str) or kind not in _PAYLOADS or not isinstance(bits, int) or (
+            bits != manifest["bits"]):
+        raise FormatError(f"{where} declares payload {kind!r} and b={bits!r}; expected one of "
+                          f"{sorted(_PAYLOADS)} and the manifest's b={manifest['bits']}; {restore}")
+    if len(state["ids"]) != entry["rows"] or len(state["positions"]) != entry["permutations"]:
+        raise FormatError(f"{where} has {len(state['ids'])} rows and {len(state['positions'])} "
+                          f"permutations, the manifest says {entry['rows']} and "
+                          f"{entry['permutations']}; {restore}")
+    try:
         payload = _PAYLOADS[kind].from_arrays(
-            {k: np.asarray(v[:]) for k, v in g["payload"].arrays()})
-        state = {k: np.asarray(g[k][:]) for k in
-                 ("ids", "codes", "positions", "sorted_rows", "sorted_prefix")}
-    except Exception as exc:
-        raise FormatError(f"segment {entry['name']!r} of {str(index_dir)!r} is unreadable "
-                          f"({type(exc).__name__}: {exc}); rebuild the index") from None
-    if len(state["ids"]) != entry["rows"]:
-        raise FormatError(f"segment {entry['name']!r} has {len(state['ids'])} rows, the manifest "
-                          f"says {entry['rows']}; rebuild the index")
-    return PermutationIndex.from_state(
-        window=manifest["window"], hamming_keep=manifest["hamming_keep"], seed=manifest["seed"],
-        bits=manifest["bits"], payload=payload, **state)
+            {k.removeprefix("payload/"): v for k, v in payload_arrays.items()})
+        return PermutationIndex.from_state(
+            window=manifest["window"], hamming_keep=manifest["hamming_keep"],
+            seed=manifest["seed"], bits=bits, payload=payload, **state)
+    except InputError as exc:
+        raise FormatError(f"{where} is inconsistent: {exc}; {restore}") from None
 
 
-def write_manifest(index_dir: str | os.PathLike, manifest: dict) -> None:
-    atomic_write_text(Path(index_dir) / MANIFEST, json.dumps(manifest, indent=2))
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys), its ``checksum`` field left out."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_manifest(index_dir: str | os.PathLike) -> dict:
+def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    """Check ``manifest``, add its checksum and swap it into place (atomic rename).
+
+    ``manifest`` itself is not modified.
+
+    Raises
+    ------
+    InputError
+        If ``manifest`` would not pass `read_manifest`.
+    """
+    canon = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "checksum"}))
+    canon["checksum"] = manifest_checksum(canon)
+    _check_manifest(canon, Path(index_dir))
+    atomic_write_text(Path(index_dir) / MANIFEST, json.dumps(canon, indent=2))
+
+
+def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The verified manifest of an index.
+
+    Raises
+    ------
+    InputError
+        If ``index_dir`` does not exist.
+    FormatError
+        If it has no manifest, or one that is corrupted, of another format or version, without
+        its checksum or not matching it, with a missing or mistyped field, or with a segment
+        name that is not one lshdist makes or that appears twice.
+    """
     path = Path(index_dir)
     if not path.is_dir():
         raise InputError(f"index {str(path)!r} does not exist; build it with `lshdist index`")
@@ -91,11 +236,314 @@ def read_manifest(index_dir: str | os.PathLike) -> dict:
     try:
         meta = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{str(path)!r}: {MANIFEST} is corrupted ({exc})") from None
+        raise FormatError(f"{str(path)!r}: {MANIFEST} is corrupted ({exc}); {_REBUILD}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise FormatError(f"{str(path)!r} is not an lshdist index (format="
-                          f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+                          f"{meta.get('format') if isinstance(meta, dict) else None!r}, "
+                          f"expected {FORMAT!r})")
     if meta.get("version") != VERSION:
         raise FormatError(f"{str(path)!r}: index format version {meta.get('version')!r}, "
-                          f"this lshdist reads {VERSION}")
+                          f"this lshdist reads {VERSION}; {_REBUILD}")
+    if "checksum" not in meta:
+        raise FormatError(f"{str(path)!r}: {MANIFEST} has no checksum; it was not written by "
+                          f"lshdist (or was edited by hand); {_REBUILD}")
+    _check_manifest(meta, path)
+    digest = manifest_checksum(meta)
+    if digest != meta["checksum"]:
+        raise FormatError(f"{str(path)!r}: {MANIFEST} does not match its checksum (expected "
+                          f"{meta['checksum'][:12]}..., its content gives {digest[:12]}...): it "
+                          f"was edited or damaged; restore it or {_REBUILD}")
     return meta
+
+
+def _check_fields(obj: dict[str, Any], fields: dict[str, tuple[tuple[type, ...], str]], where: str,
+                  *, required: bool = True) -> None:
+    for key, (types, what) in fields.items():
+        if key not in obj:
+            if required:
+                raise FormatError(f"{where} has no {key!r} (expected {what}); {_REBUILD}")
+            continue
+        v = obj[key]
+        # JSON true/false are Python bools, a subclass of int: never accept one for the other
+        ok = isinstance(v, types) and (isinstance(v, bool) == (bool in types) or v is None)
+        if not ok:
+            raise FormatError(f"{where}: {key}={v!r} is not {what}; {_REBUILD}")
+
+
+def _check_manifest(meta: dict[str, Any], path: Path) -> None:
+    """Presence, type and range of every manifest field and segment entry (not the checksum)."""
+    where = f"{str(path)!r}: {MANIFEST}"
+    _check_fields(meta, _FIELDS, where)
+    bad = [k for k, lo in (("d", 1), ("bits", 1), ("window", 1), ("hamming_keep", 0),
+                           ("rows", 0)) if meta[k] < lo]
+    if meta["permutations"] is not None and meta["permutations"] < 1:
+        bad.append("permutations")
+    if meta["epsilon"] is not None and not meta["epsilon"] > 0:
+        bad.append("epsilon")
+    if meta["kind"] not in ("explicit", "implicit"):
+        bad.append("kind")
+    for key in ("model_checksum", "checksum"):
+        if not _SHA256.fullmatch(meta[key]):
+            bad.append(key)
+    if bad:
+        raise FormatError(f"{where}: {', '.join(f'{k}={meta[k]!r}' for k in bad)} out of range "
+                          f"({'; '.join(_FIELDS[k][1] for k in bad)}); {_REBUILD}")
+    seen: set[str] = set()
+    total = 0
+    for i, entry in enumerate(meta["segments"]):
+        w = f"{where}: segments[{i}]"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{w} is {type(entry).__name__}, expected an object; {_REBUILD}")
+        _check_fields(entry, _ENTRY_FIELDS, w)
+        _check_fields(entry, _ENTRY_OPTIONAL, w, required=False)
+        segment_path(path, entry["name"])
+        if entry["name"] in seen:
+            raise FormatError(f"{w}: segment {entry['name']!r} is listed twice; {_REBUILD}")
+        seen.add(entry["name"])
+        if entry["rows"] < 1 or entry["permutations"] < 1 or not _SHA256.fullmatch(
+                entry["checksum"]):
+            raise FormatError(f"{w}: rows={entry['rows']!r}, permutations="
+                              f"{entry['permutations']!r}, checksum={entry['checksum']!r}: "
+                              f"expected integers >= 1 and a sha256 hex digest; {_REBUILD}")
+        if meta["permutations"] is not None and entry["permutations"] != meta["permutations"]:
+            raise FormatError(f"{w}: {entry['permutations']} permutations, the index has "
+                              f"M={meta['permutations']}; {_REBUILD}")
+        total += entry["rows"]
+    if total != meta["rows"]:
+        raise FormatError(f"{where}: rows={meta['rows']} but its segments hold {total}; "
+                          f"{_REBUILD}")
+
+
+# -- concurrent builds ---------------------------------------------------------------------
+
+#: a lock older than this is taken over even if its owner seems alive (another host)
+STALE_AFTER = 24 * 3600.0
+_POLL = 0.05
+
+
+def lock_path(index_dir: str | os.PathLike[str]) -> Path:
+    """The lock file of an index: beside it (``.NAME.lock``), so that it outlives a rename or
+    removal of the index directory itself."""
+    p = Path(os.path.abspath(index_dir))
+    return p.parent / f".{p.name}.lock"
+
+
+def _proc_start(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (Linux), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, proc_start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except (OverflowError, ValueError):
+        return False
+    now = _proc_start(pid)
+    return proc_start is None or now is None or now == proc_start
+
+
+def _read_owner(path: Path) -> dict[str, Any] | None:
+    try:
+        owner = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _stale_reason(path: Path, owner: dict[str, Any] | None, stale_after: float) -> str | None:
+    """Why the lock at ``path`` may be taken over, or None while its owner may be working."""
+    now = time.time()
+    if owner is None:  # unreadable: a holder between create and write, or a crash between
+        age = now - path.stat().st_mtime
+        return f"unreadable lock file {age:.0f}s old" if age > 10.0 else None
+    started = owner.get("started")
+    if isinstance(started, (int, float)) and now - started > stale_after:
+        return f"held for {now - started:.0f}s, more than {stale_after:.0f}s"
+    pid = owner.get("pid")
+    if (owner.get("host") == socket.gethostname() and isinstance(pid, int)
+            and not _pid_alive(pid, owner.get("proc_start"))):
+        return f"its owner, pid {pid} on this host, is gone"
+    return None
+
+
+def _describe(owner: dict[str, Any] | None) -> str:
+    if owner is None:
+        return "an unknown owner"
+    started = owner.get("started")
+    when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+            if isinstance(started, (int, float)) else "?")
+    return f"pid {owner.get('pid')} on host {owner.get('host')!r} since {when}"
+
+
+def _break_stale(path: Path, owner: dict[str, Any] | None, reason: str) -> None:
+    """Remove a stale lock, unless someone else took it over first (a short-lived guard file,
+    itself created with O_EXCL, lets one process at a time check and remove)."""
+    guard = path.with_name(path.name + ".break")
+    try:
+        fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:  # another process is breaking it
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - guard.stat().st_mtime > 60.0:  # a breaker that died
+                guard.unlink()
+        time.sleep(_POLL)
+        return
+    try:
+        os.close(fd)
+        try:
+            again = _read_owner(path)
+        except FileNotFoundError:
+            return
+        if again == owner:  # still the stale owner we judged
+            log.warning("taking over the lock %s of %s: %s", path, _describe(owner), reason)
+            path.unlink()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            guard.unlink()
+
+
+@contextlib.contextmanager
+def index_lock(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
+               stale_after: float = STALE_AFTER) -> Iterator[dict[str, Any]]:
+    """Hold the build lock of an index (a file created with O_CREAT | O_EXCL beside it).
+
+    The file records the owner (host, pid, process start time, when taken).  A lock whose
+    owner is a dead process of this host, or that is older than ``stale_after`` seconds, is
+    taken over with a logged warning; otherwise this waits up to ``timeout`` seconds.
+
+    Yields
+    ------
+    dict
+        The owner record written to the lock file.
+
+    Raises
+    ------
+    InputError
+        If the lock is still held after ``timeout`` seconds, naming its owner and how to clear
+        it.
+    """
+    path = lock_path(index_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
+          "started": time.time(), "token": uuid.uuid4().hex}
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = _read_owner(path)
+                reason = _stale_reason(path, owner, stale_after)
+            except FileNotFoundError:
+                continue  # released meanwhile
+            if reason is not None:
+                _break_stale(path, owner, reason)
+                continue
+            if time.monotonic() >= deadline:
+                raise InputError(
+                    f"index {str(index_dir)!r} is locked by {_describe(owner)} (lock file "
+                    f"{str(path)!r}): another build, append or gc is running. Wait for it and "
+                    f"retry; if that process is gone, remove {str(path)!r}") from None
+            time.sleep(_POLL)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
+            f.flush()
+            os.fsync(f.fileno())
+        break
+    try:
+        yield me
+    finally:
+        try:
+            current = _read_owner(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and current.get("token") == me["token"]:
+            path.unlink()
+        else:
+            log.warning("the lock %s was taken over while this process held it (held longer "
+                        "than %.0fs?); another build may have run at the same time", path,
+                        stale_after)
+
+
+# -- leftovers -----------------------------------------------------------------------------
+
+def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path]:
+    """Files and directories of an index that nothing refers to.
+
+    Segment directories that the manifest does not name (a build that failed or is still
+    running), temporary and replaced copies (``.*.tmp-*``, ``.*.old-*``) inside the index and
+    beside it (of the index directory itself).
+
+    Raises
+    ------
+    InputError, FormatError
+        As `read_manifest`: without a valid manifest nothing can be called an orphan.
+    """
+    root = Path(index_dir)
+    manifest = read_manifest(root)
+    named = {e["name"] for e in manifest["segments"]}
+    out: list[Path] = []
+    seg_root = root / SEGMENTS
+    if seg_root.is_dir():
+        out += sorted(p for p in seg_root.iterdir() if p.name not in named)
+    leftover = re.compile(r"\..*\.(tmp|old)-[0-9a-f]+")
+    out += sorted(p for p in root.iterdir() if leftover.fullmatch(p.name))
+    mine = re.compile(re.escape(f".{Path(os.path.abspath(root)).name}.") + r"(tmp|old)-[0-9a-f]+")
+    parent = Path(os.path.abspath(root)).parent
+    out += sorted(p for p in parent.iterdir() if mine.fullmatch(p.name))
+    return out
+
+
+def remove_orphans(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
+                   dry_run: bool = False) -> list[Path]:
+    """Remove what `list_orphans` finds, holding `index_lock` (no build is running meanwhile);
+    returns what was (or, with ``dry_run``, would be) removed."""
+    with index_lock(index_dir, timeout=timeout):
+        found = list_orphans(index_dir)
+        if not dry_run:
+            for p in found:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+    return found
+
+
+def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and check every segment of an index; returns its manifest.
+
+    Raises
+    ------
+    FormatError
+        For the first problem found (see `read_manifest`, `read_segment`).
+    """
+    manifest = read_manifest(index_dir)
+    for entry in manifest["segments"]:
+        read_segment(index_dir, entry, manifest)
+    return manifest
+
+
+def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.ndarray:
+    """The ids of one segment (int64), read alone (for the id-collision check of an append)."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    path = segment_path(index_dir, name)
+    try:
+        g = zarr.open_group(str(path), mode="r", zarr_format=3)
+        ids = np.asarray(zarr_array(g, "ids"), dtype=np.int64)
+    except Exception as exc:  # zarr raises many types for missing or broken chunks
+        raise FormatError(f"segment {name!r} of index {str(index_dir)!r} is unreadable "
+                          f"({type(exc).__name__}: {exc}); {_REBUILD}") from None
+    if len(ids) != entry.get("rows"):
+        raise FormatError(f"segment {name!r} of index {str(index_dir)!r} has {len(ids)} ids, "
+                          f"the manifest says {entry.get('rows')}; {_REBUILD}")
+    return ids

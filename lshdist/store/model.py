@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -26,15 +28,21 @@ VERSION = 1
 
 
 def array_checksum(a: np.ndarray) -> str:
+    """sha256 over an array's dtype, shape and bytes (C order), read without a copy."""
     a = np.ascontiguousarray(a)
     h = hashlib.sha256()
     h.update(str(a.dtype).encode())
     h.update(str(a.shape).encode())
-    h.update(a.tobytes())
+    h.update(a.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 
-def _metric_arrays(metric) -> dict[str, np.ndarray]:
+def checksums_digest(checksums: dict[str, str]) -> str:
+    """The model checksum: sha256 over the per-array checksums (canonical JSON)."""
+    return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()
+
+
+def _metric_arrays(metric: object) -> dict[str, np.ndarray]:
     if isinstance(metric, ExplicitMetric):
         out = {"A": metric.A}
         if metric.center is not None:
@@ -51,12 +59,13 @@ def _metric_arrays(metric) -> dict[str, np.ndarray]:
     raise InputError(f"cannot save a {type(metric).__name__}")
 
 
-def save_model(path: str | os.PathLike, metric, *, params: dict | None = None,
+def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMetric, *,
+               params: dict[str, Any] | None = None,
                seed: int = 0, overwrite: bool = False) -> str:
     """Write ``metric`` to the directory ``path`` atomically; return the model checksum."""
     arrays = _metric_arrays(metric)
     checksums = {name: array_checksum(a) for name, a in arrays.items()}
-    model_sum = hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()
+    model_sum = checksums_digest(checksums)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -78,7 +87,7 @@ def save_model(path: str | os.PathLike, metric, *, params: dict | None = None,
     return model_sum
 
 
-def _json_default(o):
+def _json_default(o: object) -> object:
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
@@ -86,7 +95,71 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def read_model_meta(path: str | os.PathLike) -> dict:
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RELEARN = "learn it again with `lshdist learn`"
+#: model.json fields: name -> (allowed JSON types, what is expected)
+_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "kind": ((str,), "'explicit' or 'implicit'"),
+    "kernel": ((str, type(None)), "a kernel name or null"),
+    "d": ((int,), "an integer >= 1"),
+    "c": ((int, type(None)), "an integer >= 1 or null"),
+    "sparse": ((bool,), "true or false"),
+    "seed": ((int,), "an integer"),
+    "params": ((dict,), "an object"),
+    "checksums": ((dict,), "an object of sha256 hex digests"),
+    "checksum": ((str,), "a sha256 hex digest"),
+}
+
+
+def expected_arrays(meta: dict[str, Any]) -> list[set[str]]:
+    """The sets of array names a model of this kind may hold (explicit: ``center`` optional)."""
+    if meta["kind"] == "explicit":
+        return [{"A"}, {"A", "center"}]
+    if meta["sparse"]:
+        return [{"S", "basis/indptr", "basis/indices", "basis/data"}]
+    return [{"S", "basis"}]
+
+
+def _check_meta(meta: dict[str, Any], path: Path) -> None:
+    where = f"{str(path)!r}: model.json"
+    for key, (types, what) in _FIELDS.items():
+        if key not in meta:
+            raise FormatError(f"{where} has no {key!r} (expected {what}); {_RELEARN}")
+        v = meta[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise FormatError(f"{where}: {key}={v!r} is not {what}; {_RELEARN}")
+    if meta["kind"] not in ("explicit", "implicit") or meta["d"] < 1 or (
+            meta["c"] is not None and meta["c"] < 1):
+        raise FormatError(f"{where}: kind={meta['kind']!r}, d={meta['d']!r}, c={meta['c']!r}: "
+                          f"expected 'explicit' or 'implicit', d >= 1 and c >= 1 or null; "
+                          f"{_RELEARN}")
+    sums = meta["checksums"]
+    if not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in sums.values()):
+        raise FormatError(f"{where}: checksums must be sha256 hex digests; {_RELEARN}")
+    if set(sums) not in expected_arrays(meta):
+        want = " or ".join(str(sorted(e)) for e in expected_arrays(meta))
+        raise FormatError(f"{where}: checksums name arrays {sorted(sums)}, a {meta['kind']} "
+                          f"model has {want}; the model is damaged, {_RELEARN}")
+    digest = checksums_digest(sums)
+    if digest != meta["checksum"]:
+        raise FormatError(f"{where}: checksum {meta['checksum'][:12]}... does not match its "
+                          f"checksums ({digest[:12]}...); the model is damaged, {_RELEARN}")
+
+
+def read_model_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``model.json`` of a model directory, checked: fields, array names, model checksum.
+
+    No array is read (see `load_model`).
+
+    Raises
+    ------
+    InputError
+        If ``path`` does not exist.
+    FormatError
+        If ``model.json`` is missing, corrupted, of another format or version, lacks a field or
+        has one of the wrong type, names other arrays than its kind needs, or its checksum does
+        not match its array checksums.
+    """
     path = Path(path)
     f = path / "model.json"
     if not path.is_dir():
@@ -95,38 +168,86 @@ def read_model_meta(path: str | os.PathLike) -> dict:
         raise FormatError(f"{str(path)!r} is not an lshdist model (no model.json)")
     try:
         meta = json.loads(f.read_text())
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{str(path)!r}: model.json is corrupted ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise FormatError(f"{str(path)!r} is not an lshdist model (format={meta.get('format')!r})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{str(path)!r}: model.json is corrupted ({exc}); {_RELEARN}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        raise FormatError(f"{str(path)!r} is not an lshdist model (format={fmt!r})")
     if meta.get("version") != VERSION:
         raise FormatError(f"{str(path)!r}: model format version {meta.get('version')!r}, "
                           f"this lshdist reads {VERSION}")
+    _check_meta(meta, path)
     return meta
 
 
-def load_model(path: str | os.PathLike):
-    """``(metric, meta)`` from a model directory; checksums are verified."""
+def zarr_array(g: zarr.Group, name: str) -> np.ndarray:
+    """All of array ``name`` of group ``g`` (a KeyError or TypeError when it is not an array)."""
+    a = g[name]
+    if not isinstance(a, zarr.Array):
+        raise TypeError(f"{name!r} is a group, expected an array")
+    return np.asarray(a[:])
+
+
+def _stored_arrays(g: zarr.Group) -> set[str]:
+    return {name for name, obj in g.members(max_depth=None) if isinstance(obj, zarr.Array)}
+
+
+def load_model(path: str | os.PathLike[str]
+               ) -> tuple[ExplicitMetric | ImplicitMetric, dict[str, Any]]:
+    """``(metric, meta)`` from a model directory, verified.
+
+    ``model.json`` is checked (`read_model_meta`); the arrays on disk must be exactly those its
+    ``checksums`` name, each matching its checksum, with shapes consistent with ``d`` and ``c``.
+
+    Raises
+    ------
+    FormatError
+        For any damage, naming the array.
+    """
     path = Path(path)
     meta = read_model_meta(path)
     try:
         g = zarr.open_group(str(path / "arrays"), mode="r", zarr_format=3)
-        arrays = {name: np.asarray(g[name][:]) for name in meta["checksums"]}
+        stored = _stored_arrays(g)
+        arrays = {name: zarr_array(g, name) for name in meta["checksums"] if name in stored}
     except Exception as exc:
-        raise FormatError(f"{str(path)!r}: model arrays unreadable ({type(exc).__name__}: {exc})") from None
+        raise FormatError(f"{str(path)!r}: model arrays unreadable ({type(exc).__name__}: {exc}); "
+                          f"{_RELEARN}") from None
+    if stored != set(meta["checksums"]):
+        raise FormatError(f"{str(path)!r}: the model holds arrays {sorted(stored)}, model.json "
+                          f"names {sorted(meta['checksums'])}; the model is damaged, {_RELEARN}")
     for name, a in arrays.items():
         if array_checksum(a) != meta["checksums"][name]:
             raise FormatError(f"{str(path)!r}: array {name!r} does not match its checksum; "
-                              "the model is corrupted, learn it again")
-    if meta["kind"] == "explicit":
-        metric = ExplicitMetric(arrays["A"], center=arrays.get("center"))
-    elif meta["kind"] == "implicit":
-        if "basis" in arrays:
-            basis = arrays["basis"]
-        else:
-            basis = SparseBlock.from_arrays(arrays["basis/indptr"], arrays["basis/indices"],
-                                            arrays["basis/data"])
-        metric = ImplicitMetric(basis, arrays["S"], kernel=meta["kernel"], d=meta["d"])
-    else:
-        raise FormatError(f"{str(path)!r}: unknown model kind {meta['kind']!r}")
+                              f"the model is corrupted, {_RELEARN}")
+    try:
+        metric = _metric_from_arrays(arrays, meta)
+    except (InputError, ValueError, TypeError, KeyError) as exc:
+        raise FormatError(f"{str(path)!r}: the model arrays are inconsistent ({exc}); "
+                          f"{_RELEARN}") from None
     return metric, meta
+
+
+def _metric_from_arrays(arrays: dict[str, np.ndarray],
+                        meta: dict[str, Any]) -> ExplicitMetric | ImplicitMetric:
+    d = meta["d"]
+    if meta["kind"] == "explicit":
+        if arrays["A"].shape != (d, d):
+            raise InputError(f"A has shape {arrays['A'].shape}, expected ({d}, {d})")
+        return ExplicitMetric(arrays["A"], center=arrays.get("center"))
+    c = meta["c"]
+    if arrays["S"].shape != (c, c):
+        raise InputError(f"S has shape {arrays['S'].shape}, expected (c, c) = ({c}, {c})")
+    if "basis" in arrays:
+        dense = arrays["basis"]
+        if dense.ndim != 2 or dense.shape != (c, d):
+            raise InputError(f"basis has shape {dense.shape}, expected ({c}, {d})")
+        return ImplicitMetric(dense, arrays["S"], kernel=meta["kernel"], d=d)
+    else:
+        indptr = arrays["basis/indptr"]
+        nnz = len(arrays["basis/indices"])
+        if (indptr.shape != (c + 1,) or len(arrays["basis/data"]) != nnz or indptr[0] != 0
+                or indptr[-1] != nnz or np.any(np.diff(indptr) < 0)):
+            raise InputError(f"basis/indptr does not delimit {c} rows of {nnz} entries")
+        basis = SparseBlock.from_arrays(indptr, arrays["basis/indices"], arrays["basis/data"])
+    return ImplicitMetric(basis, arrays["S"], kernel=meta["kernel"], d=d)

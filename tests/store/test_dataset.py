@@ -55,7 +55,7 @@ def test_dense_round_trip_is_bit_exact_for_any_shard_size(rows, shard_rows):
     with tempfile.TemporaryDirectory() as tmp:
         ds = write_dataset(Path(tmp) / "ds", X, y, shard_rows=shard_rows)
         back = Dataset(ds.path)
-        assert (back.n, back.d, back.kind) == X.shape + ("dense",)
+        assert (back.n, back.d, back.kind) == (*X.shape, "dense")
         assert back.n_shards == math.ceil(len(X) / shard_rows)
         np.testing.assert_array_equal(_bits(back.read_all()), _bits(X))
         for shard in back.shards():
@@ -174,7 +174,7 @@ def test_missing_array(dataset):
     for f in sorted((dataset / "X").rglob("*"), reverse=True):
         f.unlink() if f.is_file() else f.rmdir()
     (dataset / "X").rmdir()
-    with pytest.raises(FormatError, match="is corrupted .*re-ingest it"):
+    with pytest.raises(FormatError, match=r"is corrupted .*re-ingest it"):
         Dataset(dataset)
 
 
@@ -205,3 +205,78 @@ def test_lazy_readers(tmp_path):
     assert [b.n_rows for b in blocks] == [8, 8, 8, 6]
     got = sp.vstack([b.over(np.arange(100, dtype=np.uint64)) for b in blocks])
     assert np.array_equal(got.toarray(), S.toarray())
+
+
+def _set_attr(path: Path, **attrs) -> None:
+    meta = json.loads((path / "zarr.json").read_text())
+    meta["attributes"].update(attrs)
+    (path / "zarr.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("attrs,match", [
+    ({"N": "20"}, "N='20', expected an integer >= 1"),
+    ({"N": 19}, r"X is float32 \(20, 2\), the attributes say float32 \(19, 2\)"),
+    ({"d": 0}, "d=0, expected an integer >= 1"),
+    ({"kind": "ragged"}, "kind='ragged'"),
+    ({"n_shards": 3}, "n_shards=3 but N=20 rows in shards of 10"),
+    ({"classes": "abc"}, "classes must be a list of names"),
+    ({"classes": None}, "y is present but the attributes have no classes"),
+])
+def test_attributes_are_checked_when_opened(dataset, attrs, match):
+    _set_attr(dataset, **attrs)
+    with pytest.raises(FormatError, match=match):
+        Dataset(dataset)
+
+
+def test_label_codes_outside_the_classes_are_refused(dataset):
+    _set_attr(dataset, classes=["a", "b"])  # codes 0..2 were written
+    with pytest.raises(FormatError, match="label codes run from 0 to 2, outside the 2 classes"):
+        Dataset(dataset).labels()
+
+
+def test_sparse_shard_bounds_and_indptr_are_checked(tmp_path):
+    X = sp.random(30, 50, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    path = write_dataset(tmp_path / "s", X, shard_rows=8).path
+    Dataset(path).verify()
+    g = zarr.open_group(str(path), mode="r+")
+    g["X/shard_bounds"][:] = np.array([0, 8, 16, 24, 31])
+    with pytest.raises(FormatError, match="rising from 0 to N=30"):
+        Dataset(path)
+    g["X/shard_bounds"][:] = np.array([0, 8, 16, 24, 30])
+    indptr = g["X/indptr"][:]
+    indptr[5] = indptr[6] + 1
+    g["X/indptr"][:] = indptr
+    with pytest.raises(FormatError, match="X/indptr is not rising"):
+        Dataset(path).verify()
+
+
+def test_verify_reads_everything(tmp_path):
+    X = sp.csr_matrix(np.array([[0, 1, 2, 0], [3, 0, 0, 4]], np.float32))
+    path = write_dataset(tmp_path / "s", X).path
+    Dataset(path).verify()
+    g = zarr.open_group(str(path), mode="r+")
+    g["X/indices"][:] = np.array([2, 1, 0, 3], np.uint64)  # row 0 unsorted
+    with pytest.raises(FormatError, match="feature ids of rows 0:2 are not sorted and unique"):
+        Dataset(path).verify()
+    g["X/indices"][:] = np.array([1, 2, 0, 0], np.uint64)  # row 1 repeats an id
+    with pytest.raises(FormatError, match="not sorted and unique"):
+        Dataset(path).verify()
+    g["X/indices"][:] = np.array([1, 2, 0, 3], np.uint64)
+    g["X/data"][:] = np.array([1, np.nan, 3, 4], np.float32)
+    with pytest.raises(FormatError, match="rows 0:2 of X hold NaN or infinite values"):
+        Dataset(path).verify()
+    dense = write_dataset(tmp_path / "d", np.ones((5, 2)), shard_rows=2).path
+    Dataset(dense).verify()
+    gd = zarr.open_group(str(dense), mode="r+")
+    gd["X"][3, 1] = np.inf
+    with pytest.raises(FormatError, match="rows 2:4 of X hold NaN"):
+        Dataset(dense).verify()
+
+
+def test_duplicated_sparse_entries_are_summed_on_write(tmp_path):
+    X = sp.csr_matrix((np.array([1, 2, 5], np.float32), np.array([3, 3, 1]), np.array([0, 3])),
+                      shape=(1, 4))
+    ds = write_dataset(tmp_path / "s", X)
+    ds.verify()
+    np.testing.assert_array_equal(ds.read_all().over(np.arange(4, dtype=np.uint64)).toarray(),
+                                  [[0, 5, 0, 3]])

@@ -68,3 +68,62 @@ def test_learn_cli_writes_a_model(tmp_path, capsys):
     assert main(["learn", "--data", str(tmp_path / "one"), "--out", str(tmp_path / "m2")]) == 2
     assert "one class only" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+
+
+def _edit(path, change):
+    meta = json.loads((path / "model.json").read_text())
+    change(meta)
+    (path / "model.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def centered(tmp_path):
+    rng = np.random.default_rng(0)
+    B = rng.normal(size=(4, 4))
+    save_model(tmp_path / "m", ExplicitMetric(B @ B.T + np.eye(4), center=rng.normal(size=4)))
+    return tmp_path / "m"
+
+
+def test_a_dropped_checksum_entry_is_refused(centered):
+    from lshdist.store.model import checksums_digest
+
+    def drop_center(meta):
+        del meta["checksums"]["center"]
+
+    _edit(centered, drop_center)
+    with pytest.raises(FormatError, match=r"checksum .* does not match its checksums"):
+        load_model(centered)
+    # resealed: the model checksum agrees, but the centre array is still on disk
+    _edit(centered, lambda m: m.update(checksum=checksums_digest(m["checksums"])))
+    with pytest.raises(FormatError, match=r"holds arrays \['A', 'center'\], model.json names "
+                                          r"\['A'\]"):
+        load_model(centered)
+    _edit(centered, lambda m: m.update(checksums={}, checksum=checksums_digest({})))
+    with pytest.raises(FormatError, match=r"checksums name arrays \[\], a explicit model has "
+                                          r"\['A'\] or \['A', 'center'\]"):
+        load_model(centered)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("d", "4", "d='4' is not an integer"),
+    ("d", None, "d=None is not an integer"),
+    ("sparse", 0, "sparse=0 is not true or false"),
+    ("kind", "magic", "kind='magic'"),
+    ("checksums", [], "checksums=\\[\\] is not an object"),
+])
+def test_mistyped_model_fields_are_refused(centered, key, value, match):
+    _edit(centered, lambda m: m.update({key: value}))
+    with pytest.raises(FormatError, match=match):
+        load_model(centered)
+
+
+def test_missing_model_field_is_named(centered):
+    _edit(centered, lambda m: m.pop("seed"))
+    with pytest.raises(FormatError, match=r"model.json has no 'seed'"):
+        load_model(centered)
+
+
+def test_inconsistent_shapes_are_refused(centered):
+    _edit(centered, lambda m: m.update(d=5))
+    with pytest.raises(FormatError, match=r"A has shape \(4, 4\), expected \(5, 5\)"):
+        load_model(centered)
