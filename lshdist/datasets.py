@@ -2,24 +2,27 @@
 
 Files are looked up in `data_dir()` (layout: ``letter/``, ``fashion-mnist/``, ``20newsgroups/``,
 as in the project's shared ``datasets`` folder) and read with the readers of
-`lshdist.store.readers`, the same code as ``lshdist ingest``.
+`lshdist.inputs`, the same code as ``lshdist ingest``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from lshdist.blocks import SparseBlock, as_block
 from lshdist.errors import InputError
-from lshdist.store.inputs import merge_labels
-from lshdist.store.readers import read_idx, read_letter, read_newsgroups
-from lshdist.store.text import Idf, weight_rows
+from lshdist.inputs.combine import merge_labels
+from lshdist.inputs.data import InputData
+from lshdist.inputs.formats.delimited import read_letter
+from lshdist.inputs.formats.idx import read_idx
+from lshdist.inputs.formats.newsgroups import read_newsgroups
+from lshdist.inputs.text import Idf, weight_rows
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class Split:
     y_test: np.ndarray
     classes: list[str]
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[np.ndarray | SparseBlock]:
         return iter((self.X_train, self.y_train, self.X_test, self.y_test))
 
 
@@ -81,7 +84,7 @@ def data_dir() -> Path:
     )
 
 
-def _file(root: str | os.PathLike | None, *parts: str) -> Path:
+def _file(root: str | os.PathLike[str] | None, *parts: str) -> Path:
     path = Path(root if root is not None else data_dir()).joinpath(*parts)
     if not path.is_file():
         raise InputError(
@@ -90,7 +93,15 @@ def _file(root: str | os.PathLike | None, *parts: str) -> Path:
     return path
 
 
-def load_letter(root: str | os.PathLike | None = None) -> Split:
+def _labels(parts: list[InputData]) -> tuple[np.ndarray, list[str]]:
+    """Label codes and classes of the concatenated ``parts`` (every real dataset has labels)."""
+    y, classes = merge_labels(parts)
+    if y is None or classes is None:
+        raise InputError(f"{parts[0].sources[0]!r} has no labels; give the labelled file")
+    return y, classes
+
+
+def load_letter(root: str | os.PathLike[str] | None = None) -> Split:
     """UCI Letter Recognition: the first 16,000 rows train, the last 4,000 test.
 
     Returns
@@ -100,10 +111,11 @@ def load_letter(root: str | os.PathLike | None = None) -> Split:
     """
     data = read_letter(_file(root, "letter", "letter-recognition.data"))
     X = as_block(data.X)
-    return Split(X[:16_000], data.y[:16_000], X[16_000:], data.y[16_000:], data.classes)
+    y, classes = _labels([data])
+    return Split(X[:16_000], y[:16_000], X[16_000:], y[16_000:], classes)
 
 
-def load_fashion_mnist(root: str | os.PathLike | None = None) -> Split:
+def load_fashion_mnist(root: str | os.PathLike[str] | None = None) -> Split:
     """Fashion-MNIST: 60,000 train and 10,000 test images of 28 x 28 pixels.
 
     Returns
@@ -117,7 +129,7 @@ def load_fashion_mnist(root: str | os.PathLike | None = None) -> Split:
         images = _file(root, "fashion-mnist", f"{split}-images-idx3-ubyte.gz")
         labels = _file(root, "fashion-mnist", f"{split}-labels-idx1-ubyte.gz")
         parts.append(read_idx(images, labels))
-    y, classes = merge_labels(parts)
+    y, classes = _labels(parts)
     if classes != [str(i) for i in range(10)]:
         raise InputError(f"Fashion-MNIST labels are {classes}, expected the codes 0..9")
     n = parts[0].n
@@ -125,10 +137,10 @@ def load_fashion_mnist(root: str | os.PathLike | None = None) -> Split:
     return Split(X_train, y[:n], X_test, y[n:], list(FASHION_MNIST_CLASSES))
 
 
-def load_newsgroups(weighting: str = "tfidf", root: str | os.PathLike | None = None) -> Split:
+def load_newsgroups(weighting: str = "tfidf", root: str | os.PathLike[str] | None = None) -> Split:
     """20 Newsgroups: 11,293 train and 7,528 test documents as sparse rows.
 
-    Tokens are hashed to 64-bit feature ids (`lshdist.store.text`).  With ``'tfidf'`` the
+    Tokens are hashed to 64-bit feature ids (`lshdist.inputs.text`).  With ``'tfidf'`` the
     IDF is that of the training split, applied to both splits (test words the training split
     never saw are dropped); rows have unit L2 norm.
 
@@ -142,9 +154,10 @@ def load_newsgroups(weighting: str = "tfidf", root: str | os.PathLike | None = N
         for split in ("train", "test")
     ]
     n = parts[0].n
-    idf = Idf.from_counts(parts[0].X) if weighting == "tfidf" else None
-    y, classes = merge_labels(parts)
-    X_train, X_test = (weight_rows(p.X, weighting, idf) for p in parts)
+    counts = [p.X for p in parts if isinstance(p.X, SparseBlock)]  # text rows are sparse
+    idf = Idf.from_counts(counts[0]) if weighting == "tfidf" else None
+    y, classes = _labels(parts)
+    X_train, X_test = (weight_rows(c, weighting, idf) for c in counts)
     return Split(X_train, y[:n], X_test, y[n:], classes)
 
 

@@ -14,7 +14,7 @@ def test_data_dir_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("LSHDIST_DATA_DIR", str(tmp_path))
     assert datasets.data_dir() == tmp_path
     monkeypatch.setenv("LSHDIST_DATA_DIR", str(tmp_path / "nope"))
-    with pytest.raises(InputError, match="LSHDIST_DATA_DIR=.*nope' is not a directory"):
+    with pytest.raises(InputError, match=r"LSHDIST_DATA_DIR=.*nope' is not a directory"):
         datasets.data_dir()
 
 
@@ -73,7 +73,7 @@ def test_load_newsgroups_counts(data_root):
 
 
 def test_load_digits():
-    Xtr, ytr, Xte, yte = split = datasets.load_digits()
+    Xtr, _, Xte, yte = split = datasets.load_digits()
     assert Xtr.shape == (1_500, 64) and Xte.shape == (297, 64) and Xtr.dtype == np.float32
     assert split.classes == [str(i) for i in range(10)] and set(np.unique(yte)) == set(range(10))
     assert Xtr.max() == 16

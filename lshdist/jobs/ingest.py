@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from typing import Any
 
+from lshdist.inputs import FORMATS, REGISTRY, WEIGHTINGS, read_inputs
 from lshdist.jobs.common import positive_int
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import DEFAULT_SHARD_ROWS
-from lshdist.store.inputs import read_inputs
-from lshdist.store.readers import FORMATS
-from lshdist.store.text import WEIGHTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -24,14 +23,26 @@ def _row_range(text: str) -> tuple[int, int]:
     return start, stop
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``ingest`` to the ``lshdist`` subcommands (``subparsers`` of `add_subparsers`)."""
+    formats = "; ".join(f"{name}: {f.title}" for name, f in REGISTRY.items())
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "ingest",
         help="turn data files into a sharded Zarr dataset",
         description=(
-            "Read INPUT files (npy, npz, CSV, Parquet, IDX, UCI Letter, 20 Newsgroups text, or "
-            "an lshdist dataset to re-shard), concatenate them in order and write one dataset. "
-            "IDX images files are paired with their labels files among the INPUTs."
+            "Read INPUT files, concatenate them in order and write one dataset. Formats, "
+            f"detected from each file unless --format is given: {formats}. IDX images files "
+            "are paired with their labels files among the INPUTs."
         ),
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="input files or dataset directories")
@@ -41,17 +52,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=positive_int,
         default=DEFAULT_SHARD_ROWS,
         metavar="N",
-        help=f"rows per shard (default {DEFAULT_SHARD_ROWS})",
+        help="rows per shard (default %(default)s)",
     )
-    p.add_argument("--format", choices=FORMATS, help="input format (default: detected per input)")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="input format of every INPUT (default: detected per input)",
+    )
     p.add_argument(
         "--labels",
         action="append",
         metavar="FILE.npy",
-        help="labels of an input without its own (repeat once per INPUT, in order)",
+        help="labels of an input without its own (repeat once per INPUT, in order; "
+        "default: none, labels come from the inputs)",
     )
     p.add_argument(
-        "--label-column", metavar="NAME|INDEX", help="label column of CSV/Parquet inputs"
+        "--label-column",
+        metavar="NAME|INDEX",
+        help="label column of CSV/Parquet inputs (default: a column named 'label' or 'y', "
+        "else none)",
+    )
+    p.add_argument(
+        "--id-column",
+        metavar="NAME|INDEX",
+        help="CSV/Parquet inputs: the column of row ids, unique int64 values; it is not a "
+        "feature (default: none, rows are numbered 0..N-1)",
+    )
+    p.add_argument(
+        "--id-offset",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="add N to every row id: rows get ids N..N+rows-1 (with --rows START:STOP, "
+        "N+START..N+STOP-1), and ids the inputs carry (an .npz 'ids' array, --id-column, a "
+        "re-sharded dataset) are shifted by N too (default %(default)s)",
     )
     p.add_argument(
         "--header",
@@ -60,21 +94,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="CSV inputs have (or have not) a header row (default: guessed)",
     )
     p.add_argument(
-        "--weighting", choices=WEIGHTINGS, help="text inputs: token weights (default tfidf)"
+        "--weighting",
+        choices=WEIGHTINGS,
+        help="text inputs: token weights (default: tfidf)",
     )
     p.add_argument(
         "--idf-from",
         metavar="DATASET",
-        help="text inputs: use the IDF of this dataset (ingest the training split first)",
+        help="text inputs: use the IDF of this dataset (ingest the training split first; "
+        "default: the IDF of the inputs themselves)",
     )
     p.add_argument(
         "--rows",
         type=_row_range,
         metavar="START:STOP",
         help="keep only rows START:STOP of the concatenated input (a train/test split of one "
-        "file, e.g. Letter's 0:16000 and 16000:20000)",
+        "file, e.g. Letter's 0:16000 and 16000:20000); rows keep their ids (default: all rows)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output (default: refuse to)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -88,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         labels=args.labels,
         label_column=args.label_column,
         header=args.header,
+        id_column=args.id_column,
+        id_offset=args.id_offset,
         weighting=args.weighting,
         idf_from=args.idf_from,
     )

@@ -51,8 +51,10 @@ def test_ingest_fashion_mnist_both_idx_pairs(tmp_path, capsys, data_root):
     y = ds.labels()
     assert np.bincount(y).tolist() == [7000] * 10  # 6,000 + 1,000 of each class
     # the test split comes second, pixel for pixel (read as the datasets README does)
-    pixels = np.frombuffer(gzip.open(d / "t10k-images-idx3-ubyte.gz").read(), np.uint8, offset=16)
-    labels = np.frombuffer(gzip.open(d / "t10k-labels-idx1-ubyte.gz").read(), np.uint8, offset=8)
+    raw = {k: gzip.decompress((d / f"t10k-{k}.gz").read_bytes()) for k in ("images-idx3-ubyte",
+                                                                            "labels-idx1-ubyte")}
+    pixels = np.frombuffer(raw["images-idx3-ubyte"], np.uint8, offset=16)
+    labels = np.frombuffer(raw["labels-idx1-ubyte"], np.uint8, offset=8)
     test_rows = ds.read_rows(60_000, 70_000)
     assert test_rows.dtype == np.float32
     np.testing.assert_array_equal(test_rows, pixels.reshape(-1, 784))
@@ -111,6 +113,41 @@ def test_bad_shard_rows_is_a_usage_error(tmp_path, capsys, small):
     assert "--shard-rows: 0 must be >= 1" in capsys.readouterr().err
 
 
+def test_id_column_and_id_offset(tmp_path, capsys):
+    (tmp_path / "a.csv").write_text("f1,key,f2,label\n1,70,2,x\n3,12,4,y\n5,55,6,x\n")
+    code, out, _ = run(capsys, "ingest", tmp_path / "a.csv", "--id-column", "key",
+                       "--id-offset", 1000, "--out", tmp_path / "ds")  # fmt: skip
+    assert code == 0 and "3 rows x 2 features" in out
+    ds = Dataset(tmp_path / "ds")
+    assert ds.ids().tolist() == [1070, 1012, 1055]
+    np.testing.assert_array_equal(ds.read_all(), [[1, 2], [3, 4], [5, 6]])
+    code, _, _ = run(capsys, "ingest", tmp_path / "a.csv", "--id-offset", 500, "--rows", "1:3",
+                     "--out", tmp_path / "part")  # fmt: skip
+    assert code == 0 and Dataset(tmp_path / "part").ids().tolist() == [501, 502]
+
+
+def test_negative_id_offset_is_a_usage_error(tmp_path, capsys, small):
+    with pytest.raises(SystemExit) as exit_:
+        main(["ingest", str(small), "--out", str(tmp_path / "ds"), "--id-offset", "-1"])
+    assert exit_.value.code == 2
+    assert "--id-offset: -1 must be >= 0" in capsys.readouterr().err
+
+
+def test_every_ingest_option_states_its_default():
+    import argparse
+
+    from lshdist.jobs import ingest
+
+    parser = ingest.add_parser(argparse.ArgumentParser().add_subparsers())
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert {a.dest for a in options} >= {"id_offset", "id_column", "format", "rows"}
+    for action in options:
+        if action.required:
+            continue
+        text = parser._get_formatter()._expand_help(action)
+        assert "default" in text and "None" not in text, (action.option_strings, text)
+
+
 # -- bad input --------------------------------------------------------------------------------
 def _nan(tmp):
     X = np.ones((6, 2))
@@ -138,7 +175,7 @@ def _empty(tmp):
 
 def _unknown_format(tmp):
     (tmp / "a.xlsx").write_bytes(b"\x07\x08 not a known format")
-    message = r"cannot tell the format of '.*a.xlsx' .*pass --format, one of: npy, npz, csv"
+    message = r"cannot tell the format of '.*a.xlsx' .*pass --format, one of: npy, npz, parquet"
     return ["a.xlsx"], message
 
 
@@ -165,6 +202,42 @@ def _damaged_chunk(tmp):
     return ["src"], r"cannot read rows 0:20 of X .*the dataset is corrupted, re-ingest it"
 
 
+def _idx_no_items(tmp):
+    header = bytes([0, 0, 0x08, 3]) + np.array([0, 28, 28], ">i4").tobytes()
+    (tmp / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(header))
+    return ["train-images-idx3-ubyte.gz"], (
+        r"'train-images-idx3-ubyte.gz' holds no data: its header announces 0 x 28 x 28 uint8 "
+        r"values \(0 items\), expected at least one item"
+    )
+
+
+def _duplicate_npz_ids(tmp):
+    np.savez(tmp / "a.npz", X=np.ones((3, 2)), ids=np.array([5, 6, 5]))
+    return ["a.npz"], r"'a.npz:ids' has duplicate ids: id 5 is on rows 0 and 2; ids must be unique"
+
+
+def _duplicate_id_column(tmp):
+    (tmp / "a.csv").write_text("key,f\n1,0.5\n2,0.5\n2,0.7\n")
+    message = r"'a.csv:key' has duplicate ids: id 2 is on rows 1 and 2"
+    return ["a.csv", "--id-column", "key"], message
+
+
+def _non_integer_id(tmp):
+    (tmp / "a.csv").write_text("key,f\n1,0.5\nx9,0.5\n")
+    return ["a.csv", "--id-column", "key"], r"id column 'key' holds 'x9' on line 3, which is not"
+
+
+def _ids_across_inputs(tmp):
+    np.savez(tmp / "a.npz", X=np.ones((2, 2)), ids=np.array([0, 1]))
+    np.savez(tmp / "b.npz", X=np.ones((2, 2)), ids=np.array([1, 2]))
+    return ["a.npz", "b.npz"], r"row id 1 is in both 'a.npz' and 'b.npz'; ids must be unique"
+
+
+def _id_offset_overflow(tmp):
+    np.savez(tmp / "a.npz", X=np.ones((2, 2)), ids=np.array([0, 2**62]))
+    return ["a.npz", "--id-offset", str(2**62)], r"moves id 4611686018427387904 beyond the int64"
+
+
 BAD_INPUTS = {
     "nan": _nan,
     "ragged-csv": _ragged,
@@ -175,6 +248,12 @@ BAD_INPUTS = {
     "foreign-zarr-group": _foreign_zarr,
     "corrupted-zarr-json": _corrupted_zarr_json,
     "damaged-zarr-chunk": _damaged_chunk,
+    "idx-no-items": _idx_no_items,
+    "duplicate-npz-ids": _duplicate_npz_ids,
+    "duplicate-id-column": _duplicate_id_column,
+    "non-integer-id": _non_integer_id,
+    "ids-across-inputs": _ids_across_inputs,
+    "id-offset-overflow": _id_offset_overflow,
 }
 
 
@@ -254,14 +333,15 @@ def test_console_script_exits_2_without_traceback(tmp_path):
 
 
 def test_rows_split_letter(data_root, tmp_path, capsys):
-    from lshdist.cli import main
-    from lshdist.store.dataset import Dataset
-
-    src = str(data_root / "letter" / "letter-recognition.data")
-    assert main(["ingest", src, "--format", "letter", "--rows", "16000:20000", "--out", str(tmp_path / "te")]) == 0
+    src = data_root / "letter" / "letter-recognition.data"
+    code, _, _ = run(capsys, "ingest", src, "--format", "letter", "--rows", "16000:20000",
+                     "--out", tmp_path / "te")  # fmt: skip
+    assert code == 0
     ds = Dataset(tmp_path / "te")
     assert (ds.n, ds.d, len(ds.classes)) == (4000, 16, 26)
     assert ds.ids()[0] == 16000
-    assert main(["ingest", src, "--format", "letter", "--rows", "0:20001", "--out", str(tmp_path / "x")]) == 2
-    assert "rows 0:20001 are out of range: the input has 20000 rows" in capsys.readouterr().err
+    code, _, err = run(capsys, "ingest", src, "--format", "letter", "--rows", "0:20001",
+                       "--out", tmp_path / "x")  # fmt: skip
+    assert code == 2
+    assert "rows 0:20001 are out of range: the input has 20000 rows" in err
     assert not (tmp_path / "x").exists()

@@ -17,14 +17,16 @@ import hashlib
 import logging
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
+from lshdist.store.dataset import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -115,17 +117,15 @@ class Idf:
     n_documents: int
 
     @classmethod
-    def from_counts(cls, block: SparseBlock) -> "Idf":
+    def from_counts(cls, block: SparseBlock) -> Idf:
         """IDF of the rows of ``block`` (any weighting: only the nonzero pattern counts)."""
         features, df = document_frequency(block)
         n = block.n_rows
         return cls(features, np.log((1.0 + n) / (1.0 + df)) + 1.0, n)
 
     @classmethod
-    def from_dataset(cls, path: str | os.PathLike) -> "Idf":
+    def from_dataset(cls, path: str | os.PathLike[str]) -> Idf:
         """IDF of a text dataset written by `lshdist ingest` (its stored rows' nonzeros)."""
-        from lshdist.store.dataset import Dataset
-
         ds = Dataset(path)
         text = ds.attrs.get("text")
         if ds.kind != "sparse" or not isinstance(text, dict):
@@ -186,7 +186,7 @@ def weight_rows(
     return SparseBlock.from_arrays(indptr, counts.features[local], data)
 
 
-def text_attrs(weighting: str, idf_source: str | None, n_documents: int | None) -> dict:
+def text_attrs(weighting: str, idf_source: str | None, n_documents: int | None) -> dict[str, Any]:
     """Dataset attributes recording how text rows were made (checked by `Idf.from_dataset`)."""
     return {
         "tokenizer": TOKENIZER,
