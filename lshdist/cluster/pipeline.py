@@ -24,7 +24,9 @@ from typing import Any
 from lshdist.cluster import tasks
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
+from lshdist.index.params import resolve_permutations
 from lshdist.index.searcher import MODES
+from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_not_input, check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
@@ -122,6 +124,7 @@ class BuildPlan:
     model_meta: dict[str, Any]
     manifest: dict[str, Any]
     segments: list[tuple[int, int]] = field(default_factory=list)
+    list_bytes: int = 0  # permutation lists of the largest segment
 
 
 def _recorded(cfg: IndexConfig) -> dict[str, Any]:
@@ -170,8 +173,27 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             "model_checksum": model_meta["checksum"], "kind": model_meta["kind"],
             "d": model_meta["d"], **_recorded(cfg), "segments": [],
         }
-    return BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
-                     segment_shards(ds.shard_bounds.tolist(), cfg.segment_rows))
+    segments = segment_shards(ds.shard_bounds.tolist(), cfg.segment_rows)
+    bounds = ds.shard_bounds
+    rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
+    plan = BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
+                     segments)
+    plan.list_bytes = _list_bytes(cfg, rows)
+    return plan
+
+
+def _list_bytes(cfg: IndexConfig, rows: int) -> int:
+    """Bytes of the permutation lists of the largest segment (int32 rows + uint64 prefixes);
+    refuses an M beyond `MAX_PERMUTATIONS` (a tiny epsilon asks for millions of lists)."""
+    if rows == 0:
+        return 0
+    m = resolve_permutations(rows, epsilon=cfg.epsilon, permutations=cfg.permutations)
+    if m > MAX_PERMUTATIONS:
+        raise InputError(f"epsilon={cfg.epsilon} asks for M={m:,} permutation lists for "
+                         f"segments of {rows:,} rows (at most {MAX_PERMUTATIONS:,}, "
+                         f"{12 * m * rows / 2**30:.0f} GiB of lists); give a larger --epsilon "
+                         "or --permutations")
+    return 12 * m * rows
 
 
 def _check_new_ids(out: str, manifest: dict[str, Any], ds: Dataset) -> None:
@@ -196,9 +218,9 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     writes new segments into the index and swaps the manifest under the index lock (a
     concurrent append waits, then both land).
     """
+    _check_worker_memory(client, plan.list_bytes)
     if plan.append:
-        seg_dir = plan.out
-        entries = _build_segments(client, plan, seg_dir, stall)
+        entries = _build_segments(client, plan, plan.out, stall)
         with index_lock(plan.out):
             manifest = read_manifest(plan.out)  # another append may have landed meanwhile
             if manifest["model_checksum"] != plan.manifest["model_checksum"]:
@@ -213,6 +235,16 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
         new = _with_segments(plan.manifest, entries)
         write_manifest(tmp, new)
     return new
+
+
+def _check_worker_memory(client: Any, list_bytes: int) -> None:
+    """Refuse a build whose largest segment's lists would not fit in half a worker's memory."""
+    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+    limit = min((m for m in limits if m), default=0)
+    if limit and list_bytes > limit // 2:
+        raise InputError(f"a segment's permutation lists need {list_bytes / 2**30:.1f} GiB, "
+                         f"more than half a worker's memory ({limit / 2**30:.1f} GiB); lower "
+                         "--segment-rows or --permutations, or give the workers more memory")
 
 
 def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:

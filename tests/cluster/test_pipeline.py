@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from lshdist.cli import main
 from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index, query_index
-from lshdist.config import IndexConfig, QueryConfig
 from lshdist.cluster.tasks import merge_topk
+from lshdist.config import IndexConfig, QueryConfig
 from lshdist.index import MetricIndex
 from lshdist.metric.learned import sq_euclidean
 from lshdist.store.model import load_model
-
 
 
 def read_results(path):
@@ -67,7 +66,7 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
                     out=str(tmp / "idx"), cfg=IndexConfig(bits=64, permutations=30, window=4, segment_rows=8000))
-        query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"), 
+        query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"),
                     out=str(tmp / "res"), cfg=Q())
     r = read_results(tmp / "res")
     ix8 = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:8000])
@@ -170,7 +169,7 @@ def test_failed_index_run_leaves_previous_index_intact(letter_job, tmp_path, cap
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
                     out=str(idx), cfg=INDEX)
         before = (idx / "index.json").read_bytes()
-        query_index(client, index=str(idx), queries=str(letter_job / "queries"), 
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"),
                     out=str(tmp_path / "r1"), cfg=Q())
     code = main(["index", "--data", str(broken), "--model", str(letter_job / "model"),
                  "--out", str(idx), "--append", "--in-process", "--workers", "1"])
@@ -179,7 +178,7 @@ def test_failed_index_run_leaves_previous_index_intact(letter_job, tmp_path, cap
     assert (idx / "index.json").read_bytes() == before
     assert len(list((idx / "segments").iterdir())) == 2  # the failed run's segments are gone
     with dask_client(workers=1, processes=False) as client:
-        query_index(client, index=str(idx), queries=str(letter_job / "queries"), 
+        query_index(client, index=str(idx), queries=str(letter_job / "queries"),
                     out=str(tmp_path / "r2"), cfg=Q())
     a, b = read_results(tmp_path / "r1"), read_results(tmp_path / "r2")
     assert all(np.array_equal(a[c], b[c]) for c in a)
@@ -233,7 +232,6 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
 
     other = tmp_path / "model2"
     shutil.copytree(letter_job / "model", other)
-    import json
 
     from lshdist.store.index import read_manifest, write_manifest
 
@@ -337,3 +335,17 @@ def test_concurrent_appends_both_land(letter_job, tmp_path, trial):
     for code, err in results:
         assert code == 0 or ("lock" in err and err.count("\n") == 1), err
     assert {p.name for p in (idx / "segments").iterdir()} == {e["name"] for e in m["segments"]}
+
+
+def test_oversized_permutation_lists_are_refused_before_any_cluster(letter_job, tmp_path, capsys):
+    assert main(["index", "--data", str(letter_job / "first"), "--model",
+                 str(letter_job / "model"), "--out", str(tmp_path / "idx"),
+                 "--epsilon", "0.01"]) == 2
+    assert "asks for M=" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error: argparse exits 2
+        main(["index", "--data", str(letter_job / "first"), "--model",
+              str(letter_job / "model"), "--out", str(tmp_path / "idx"),
+              "--permutations", "200000"])
+    assert e.value.code == 2
+    assert "expected an integer in 1..4096" in capsys.readouterr().err
+    assert not (tmp_path / "idx").exists()
