@@ -268,16 +268,15 @@ def median_dict(dicts: list[dict]) -> dict:
 
 def main():
     import faiss
-
     from distributed import get_task_stream
+
     from lshdist.cluster.client import dask_client
     from lshdist.cluster.pipeline import broadcast_family, build_index, query_index
-    from lshdist.store.model import read_model_meta
     from lshdist.datasets import load_fashion_mnist
     from lshdist.evaluation import knn_predict, recall_at_k
     from lshdist.metric.learned import ExplicitMetric
     from lshdist.store.dataset import write_dataset
-    from lshdist.store.model import load_model, save_model
+    from lshdist.store.model import load_model, read_model_meta, save_model
 
     try:
         import hnswlib

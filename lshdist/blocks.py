@@ -32,7 +32,7 @@ class SparseBlock:
     features: np.ndarray
 
     @classmethod
-    def from_arrays(cls, indptr, indices, data) -> "SparseBlock":
+    def from_arrays(cls, indptr, indices, data) -> SparseBlock:
         """Build from CSR arrays whose ``indices`` are global (uint64) feature ids."""
         indptr = np.asarray(indptr, dtype=np.int64)
         indices = np.asarray(indices, dtype=np.uint64)
@@ -45,7 +45,7 @@ class SparseBlock:
         return cls(m, features)
 
     @classmethod
-    def from_csr(cls, X: sp.spmatrix) -> "SparseBlock":
+    def from_csr(cls, X: sp.spmatrix) -> SparseBlock:
         """Wrap a scipy matrix whose column numbers are the feature ids."""
         X = sp.csr_matrix(X, dtype=np.float32)
         return cls.from_arrays(X.indptr, X.indices.astype(np.uint64), X.data)
@@ -71,7 +71,7 @@ class SparseBlock:
             m.data.astype(np.float32),
         )
 
-    def take(self, rows) -> "SparseBlock":
+    def take(self, rows) -> SparseBlock:
         """Rows ``rows`` (any integer index array), same feature space."""
         return SparseBlock(self.matrix[np.asarray(rows)], self.features)
 
@@ -91,7 +91,7 @@ class SparseBlock:
         )
         return sp.csr_matrix(self.matrix @ select)
 
-    def dot_t(self, other: "SparseBlock") -> np.ndarray:
+    def dot_t(self, other: SparseBlock) -> np.ndarray:
         """Dense ``self @ other.T``, shape (n_self, n_other), float64."""
         common = np.intersect1d(self.features, other.features, assume_unique=True)
         a = self.over(common).astype(np.float64)

@@ -7,7 +7,6 @@ from lshdist.evaluation import HashSettings, evaluate, knn_predict, recall_at_k
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
-
 #: Fashion-MNIST: b=256, M=200 lists, W=8, keep the 800 nearest in Hamming distance (1.3 %)
 FASHION_SETTINGS = HashSettings(bits=256, n_permutations=200, window=8, hamming_keep=800,
                                 n_threads=2)

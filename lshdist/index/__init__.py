@@ -4,4 +4,4 @@ from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import MetricIndex
 
-__all__ = ["PermutationIndex", "MetricIndex", "scan_topk"]
+__all__ = ["MetricIndex", "PermutationIndex", "scan_topk"]

@@ -6,7 +6,6 @@ import math
 
 from lshdist.errors import InputError
 
-
 DEFAULT_EPSILON = 1.0
 
 

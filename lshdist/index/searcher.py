@@ -71,7 +71,7 @@ class MetricIndex:
         self.learned = learned
         self.seed = seed
 
-    def fit(self, X, ids=None, *, n_threads: int = 1) -> "MetricIndex":
+    def fit(self, X, ids=None, *, n_threads: int = 1) -> MetricIndex:
         self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed, learned=self.learned)
         codes, payload = encode(self.metric, self.family_, X)
         self.index_ = PermutationIndex(

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-
-
 from typing import Any
 
 from lshdist.config import IndexConfig, LearnConfig, add_options, from_args

@@ -55,7 +55,7 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
     est.fit(X, y)
     secs = time.perf_counter() - t0
     params.update(n_iter=int(est.n_iter_), conv=float(est.conv_), bounds=list(est.bounds_),
-                  n_pairs=int(len(est.pairs_)), seconds=round(secs, 3))
+                  n_pairs=len(est.pairs_), seconds=round(secs, 3))
     metric = est.metric(d=data.d) if isinstance(est, KernelITML) else est.metric()
     return metric, params, secs
 

@@ -3,4 +3,4 @@
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
-__all__ = ["ITML", "KernelITML", "ExplicitMetric", "ImplicitMetric"]
+__all__ = ["ITML", "ExplicitMetric", "ImplicitMetric", "KernelITML"]

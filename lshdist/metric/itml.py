@@ -163,7 +163,7 @@ class ITML(_ITMLParams):
             raise InputError(f"the prior has shape {A0.shape}, but X has {d} features: need ({d}, {d})")
         return A0
 
-    def fit(self, X, y=None, *, pairs=None, delta=None) -> "ITML":
+    def fit(self, X, y=None, *, pairs=None, delta=None) -> ITML:
         """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1)."""
         pct = self._validate_params()
         X = check_numeric_matrix(X)
@@ -262,7 +262,7 @@ class KernelITML(_ITMLParams):
             )
         return np.sort(rng.choice(N, size=c, replace=False))
 
-    def fit(self, X, y=None, *, pairs=None, delta=None) -> "KernelITML":
+    def fit(self, X, y=None, *, pairs=None, delta=None) -> KernelITML:
         pct = self._validate_params()
         if self.route not in ("span", "basis"):
             raise InputError(f"route={self.route!r}; choose 'span' or 'basis'")

@@ -62,7 +62,7 @@ class ExplicitMetric:
         self.is_identity = bool(np.array_equal(A, np.eye(self.d)))
 
     @classmethod
-    def identity(cls, d: int, *, center: np.ndarray | None = None) -> "ExplicitMetric":
+    def identity(cls, d: int, *, center: np.ndarray | None = None) -> ExplicitMetric:
         return cls(np.eye(d), center=center)
 
     def check(self, X) -> np.ndarray:
@@ -113,7 +113,7 @@ class ImplicitMetric:
         self.is_identity = not self.S.any()
 
     @classmethod
-    def identity(cls, basis, *, kernel: str = "linear", d: int) -> "ImplicitMetric":
+    def identity(cls, basis, *, kernel: str = "linear", d: int) -> ImplicitMetric:
         c = n_rows(basis)
         return cls(basis, np.zeros((c, c)), kernel=kernel, d=d)
 
