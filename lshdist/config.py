@@ -217,6 +217,8 @@ def _str_list() -> Rule:
 POSITIVE = _int(1)
 NONNEG = _int(0)
 SEED = _int(0, 2**63 - 1)
+POSITIVE_FLOAT = _float()
+INT_LIST = _int_list()
 
 
 def opt(default: Any, rule: Rule, help: str, *, metavar: str | None = None,
@@ -403,14 +405,15 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Section], *, title: s
             target.add_argument(_flag_name(f), dest=f.name, action="store_true",
                                 default=argparse.SUPPRESS, help=help_text)
             continue
-        target.add_argument(_flag_name(f), dest=f.name, type=_argparse_type(rule, _flag_name(f)),
+        target.add_argument(_flag_name(f), dest=f.name, type=cli_type(rule, _flag_name(f)),
                             default=argparse.SUPPRESS, help=help_text,
                             metavar=f.metadata["metavar"] or (
                                 "{" + ",".join(rule.choices) + "}" if rule.choices
                                 else f.name.upper()))
 
 
-def _argparse_type(rule: Rule, flag: str) -> Callable[[str], Any]:
+def cli_type(rule: Rule, flag: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` that reads and checks a flag's text with ``rule``."""
     def convert(text: str) -> Any:
         try:
             return rule.from_text(text)

@@ -6,37 +6,22 @@ import argparse
 from contextlib import AbstractContextManager
 from typing import Any
 
-from lshdist.config import ClusterConfig, add_options
+from lshdist.config import (
+    INT_LIST,
+    NONNEG,
+    POSITIVE,
+    POSITIVE_FLOAT,
+    ClusterConfig,
+    add_options,
+    cli_type,
+)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give integers >= 1, comma-separated")
-    return values
+#: argparse types of options outside the config sections, with the config's own rules
+positive_int = cli_type(POSITIVE, "positive_int")
+non_negative_int = cli_type(NONNEG, "non_negative_int")
+positive_float = cli_type(POSITIVE_FLOAT, "positive_float")
+int_list = cli_type(INT_LIST, "int_list")
 
 
 def add_cluster_options(p: argparse.ArgumentParser) -> None:

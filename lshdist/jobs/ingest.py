@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from lshdist.inputs import FORMATS, REGISTRY, WEIGHTINGS, read_inputs
-from lshdist.jobs.common import positive_int
+from lshdist.jobs.common import non_negative_int, positive_int
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import DEFAULT_SHARD_ROWS
 
@@ -21,16 +21,6 @@ def _row_range(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give START:STOP, e.g. 0:16000") from None
     return start, stop
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -80,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--id-offset",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="add N to every row id: rows get ids N..N+rows-1 (with --rows START:STOP, "
