@@ -198,10 +198,11 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
 
 
 @njit(cache=True, nogil=True)
-def smallest_per_row(D, kk):
-    """Column indices of the ``kk`` smallest entries of every row of ``D`` (unordered ties
-    resolved towards lower columns), int64 (Q, kk), sorted by column.  One pass per row with an
-    insertion buffer: nearly every entry is rejected by a single comparison."""
+def smallest_per_row(D, kk, keys):
+    """Column indices of the ``kk`` smallest entries of every row of ``D``, equal entries
+    resolved towards lower ``keys[column]`` (the row ids: ties by id, as in the re-rank),
+    int64 (Q, kk), sorted by column.  One pass per row with an insertion buffer: nearly every
+    entry is rejected by a single comparison."""
     Q, N = D.shape
     kk = min(kk, N)
     out = np.empty((Q, kk), dtype=np.int64)
@@ -212,14 +213,15 @@ def smallest_per_row(D, kk):
         row = D[q]
         for j in range(N):
             v = row[j]
+            key = keys[j]
             if n < kk:
                 t = n
                 n += 1
-            elif v < vals[kk - 1]:
+            elif v < vals[kk - 1] or (v == vals[kk - 1] and key < keys[idx[kk - 1]]):
                 t = kk - 1
             else:
                 continue
-            while t > 0 and vals[t - 1] > v:
+            while t > 0 and (vals[t - 1] > v or (vals[t - 1] == v and keys[idx[t - 1]] > key)):
                 vals[t] = vals[t - 1]
                 idx[t] = idx[t - 1]
                 t -= 1

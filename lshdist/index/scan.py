@@ -18,7 +18,8 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
               n_threads: int = 1):
     """Exact top-k of every query against every database row.
 
-    Returns ``(distances float32 (Q, k), ids int64 (Q, k))``, ascending, ties by row.
+    Returns ``(distances float32 (Q, k), ids int64 (Q, k))``, ascending, ties by id (by row
+    when ``ids`` is None).
     """
     k = check_k(k)
     N, Q = len(payload), len(qpayload)
@@ -29,7 +30,7 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
     def one(start):
         stop = min(Q, start + block)
         qp = qpayload.take(slice(start, stop))
-        cand = smallest_per_row(payload.distances(qp), kk)
+        cand = smallest_per_row(payload.distances(qp), kk, tiebreak)
         offsets = np.arange(0, cand.size + 1, kk, dtype=np.int64)
         return payload.rerank(offsets, np.ascontiguousarray(cand).ravel(), qp, k, tiebreak)
 

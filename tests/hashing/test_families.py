@@ -3,66 +3,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lshdist._kernels.hashing import gaussian_rows, pack_signs, permuted_prefix
 from lshdist.blocks import SparseBlock
 from lshdist.errors import InputError
-from lshdist.hashing.families import gaussian_matrix
 from lshdist.hashing import LearnedExplicit, LearnedImplicit, RandomHyperplanes
+from lshdist.hashing.families import gaussian_matrix
 from lshdist.metric.itml import ITML, KernelITML
-
-MASK = (1 << 64) - 1
-
-
-def splitmix_ref(x: int) -> int:
-    z = (x + 0x9E3779B97F4A7C15) & MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def gaussian_ref(seed: int, feature: int, bits: int) -> np.ndarray:
-    key = splitmix_ref(splitmix_ref(seed) ^ feature)
-    out = []
-    for t in range((bits + 1) // 2):
-        z1 = splitmix_ref((key + ((2 * t) * 0x9E3779B97F4A7C15)) & MASK)
-        z2 = splitmix_ref((key + ((2 * t + 1) * 0x9E3779B97F4A7C15)) & MASK)
-        u1 = ((z1 >> 11) + 0.5) / 2.0**53
-        u2 = ((z2 >> 11) + 0.5) / 2.0**53
-        r = np.sqrt(-2 * np.log(u1))
-        out += [r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)]
-    return np.array(out[:bits])
-
-
-def test_counter_gaussians_match_reference():
-    feats = np.array([0, 1, 12345, 2**63 + 7, 2**64 - 1], dtype=np.uint64)
-    got = gaussian_rows(np.uint64(42), feats, 7)
-    for i, f in enumerate(feats.tolist()):
-        np.testing.assert_allclose(got[i], gaussian_ref(42, f, 7), rtol=1e-12, atol=1e-12)
-    big = gaussian_rows(np.uint64(1), np.arange(20000, dtype=np.uint64), 64)
-    assert abs(big.mean()) < 0.01 and abs(big.std() - 1) < 0.01  # standard normal
-
-
-def _words(bits01: np.ndarray) -> np.ndarray:
-    """Reference packing: big-endian bytes of each 64-bit group."""
-    n, b = bits01.shape
-    padded = np.pad(bits01, ((0, 0), (0, -b % 64)))
-    return np.ascontiguousarray(np.packbits(padded, axis=1)).view(">u8").astype(np.uint64)
-
-
-def test_pack_signs_and_prefix_match_numpy():
-    rng = np.random.default_rng(0)
-    P = rng.normal(size=(50, 130))
-    P[0, 5] = 0.0  # [p >= 0]: zero is a 1 bit
-    codes = pack_signs(P)
-    bits = (P >= 0).astype(np.uint8)
-    assert np.array_equal(codes, _words(bits))
-    perm = rng.permutation(130)[:64]
-    ref_prefix = _words(bits[:, perm]).ravel()
-    assert np.array_equal(permuted_prefix(codes, perm.astype(np.int64)), ref_prefix)
-    short = rng.permutation(130)[:10]  # fewer than 64 positions: left-aligned
-    assert np.array_equal(
-        permuted_prefix(codes, short.astype(np.int64)), _words(bits[:, short]).ravel()
-    )
 
 
 def test_learned_implicit_equals_explicit_hash_value():
@@ -76,6 +21,63 @@ def test_learned_implicit_equals_explicit_hash_value():
     R = gaussian_matrix(5, 12, 70)
     explicit = X.astype(np.float64) @ (R @ m.explicit_G()).T
     np.testing.assert_allclose(fam.project(X), explicit, rtol=1e-8, atol=1e-8)
+
+
+def _asymmetric_basis_model(seed: int = 0):
+    """A basis-route kernel ITML model on small dense data (linear kernel, so phi(x) = x) whose
+    S is far from symmetric (Lemma 2 updates S by a a^T (I + K0 S): not symmetric)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(40, 6)).astype(np.float32)
+    basis = rng.permutation(40)[:6]
+    pairs = np.array([[0, 1], [2, 3], [4, 5], [0, 2], [1, 4], [3, 5]])
+    delta = np.array([1, 1, 1, -1, -1, -1.0])
+    fit = KernelITML(route="basis", basis=basis, bounds=(1.0, 30.0), max_iter=50, tol=1e-6)
+    fit.fit(X, pairs=pairs, delta=delta)
+    S = fit.S_
+    assert np.abs(S - S.T).max() > 0.1 * np.abs(S).max()  # else S vs S^T cannot be told apart
+    return X, fit.metric()
+
+
+def test_learned_implicit_basis_route_asymmetric_S_equals_explicit_G():
+    """Issue 17 item 2.  Bug caught: gamma^r = S (Phi^T r) instead of S^T (Phi^T r) (the papers'
+    index typo) -- invisible with the span route, whose S is symmetric."""
+    X, m = _asymmetric_basis_model()
+    bits, seed = 48, 7
+    fam = LearnedImplicit(m, bits=bits, seed=seed)
+    Phi = np.asarray(m.basis, np.float64).T  # d x c
+    G = np.eye(6) + Phi @ m.S @ Phi.T  # built here, not by the library
+    R = gaussian_matrix(seed, 6, bits)  # b x d, the family's r vectors (tested in _kernels)
+    X64 = X.astype(np.float64)
+    expect = X64 @ (R @ G).T  # r^T G x
+    np.testing.assert_allclose(fam.project(X), expect, rtol=1e-9, atol=1e-9)
+    # the same through eq. 11 written out: r^T x + sum_j gamma_j k(x_j, x), gamma = S^T Phi^T r
+    gamma = m.S.T @ (Phi.T @ R.T)  # c x b
+    np.testing.assert_allclose(fam.project(X), X64 @ R.T + (X64 @ Phi) @ gamma, rtol=1e-9,
+                               atol=1e-9)
+    # the bits, where the projection is clearly away from 0
+    clear = np.abs(expect) > 1e-6
+    got_bits = np.unpackbits(fam.hash(X).astype(">u8").view(np.uint8), axis=1)[:, :bits]
+    assert np.array_equal(got_bits[clear].astype(bool), (expect >= 0)[clear])
+    # and the projections are not the same under the transposed S (the test can fail)
+    wrong = X64 @ (R @ (np.eye(6) + Phi @ m.S.T @ Phi.T)).T
+    assert np.abs(wrong - expect).max() > 1e-3
+
+
+def test_implicit_learned_distance_with_asymmetric_S_is_d_A_of_GtG():
+    """The learned distance of an implicit model is d_A with A = G^T G (not ``||Gx - Gq||^2`` of
+    some other G).  Bug caught: Q = S + S^T + S K0 S^T (transpose) in the distance expansion."""
+    X, m = _asymmetric_basis_model(1)
+    Phi = np.asarray(m.basis, np.float64).T
+    G = np.eye(6) + Phi @ m.S @ Phi.T
+    A = G.T @ G
+    X64 = X.astype(np.float64)
+    diff = X64[:9, None, :] - X64[None, 9:, :]
+    expect = np.einsum("qnd,de,qne->qn", diff, A, diff)
+    np.testing.assert_allclose(m.pairwise(X[:9], X[9:]), expect, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(expect, (((X64[:9] @ G.T)[:, None] - (X64[9:] @ G.T)[None]) ** 2)
+                               .sum(-1), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(m.similarity(X[:5], X[5:9]), X64[:5] @ A @ X64[5:9].T,
+                               rtol=1e-8, atol=1e-8)
 
 
 def test_sparse_hash_needs_no_dense_r_and_equals_dense():

@@ -118,41 +118,6 @@ def test_bad_input():
         PermutationIndex(n_permutations=2, window=0).fit(ix.index_.codes_, 16, ix.index_.payload_)
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), keep=st.integers(0, 12), bits=st.sampled_from([3, 64, 130]))
-def test_collect_candidates_matches_numpy(seed, keep, bits):
-    from lshdist._kernels.search import collect_candidates
-
-    rng = np.random.default_rng(seed)
-    words = (bits + 63) // 64
-    codes = rng.integers(0, 2**63, size=(40, words), dtype=np.int64).astype(np.uint64)
-    codes[:, -1] &= np.uint64(~((1 << (words * 64 - bits)) - 1) & (2**64 - 1))  # b bits only
-    qcodes = codes[rng.integers(0, 40, 3)]
-    cand = rng.integers(-1, 40, size=(3, 25))
-    off, rows, distinct = collect_candidates(cand, codes, qcodes, keep)
-    for q in range(3):
-        seen = list(dict.fromkeys(v for v in cand[q].tolist() if v >= 0))  # discovery order
-        assert distinct[q] == len(seen)
-        if keep and len(seen) > keep:
-            ham = [sum(bin(int(a) ^ int(b)).count("1") for a, b in zip(codes[v], qcodes[q])) for v in seen]
-            order = np.argsort(ham, kind="stable")[:keep]
-            expect = sorted([seen[i] for i in order], key=seen.index)
-        else:
-            expect = seen
-        assert rows[off[q] : off[q + 1]].tolist() == expect
-
-
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), kk=st.integers(1, 30), n=st.integers(1, 60))
-def test_smallest_per_row_matches_numpy(seed, kk, n):
-    from lshdist._kernels.search import smallest_per_row
-
-    D = np.random.default_rng(seed).integers(0, 7, size=(4, n)).astype(np.float32)  # ties
-    got = smallest_per_row(D, kk)
-    expect = np.sort(np.argsort(D, axis=1, kind="stable")[:, : min(kk, n)], axis=1)
-    assert np.array_equal(got, expect)
-
-
 def test_sparse_implicit_rerank_is_the_learned_distance():
     import scipy.sparse as sp
 

@@ -1,39 +1,11 @@
 import numpy as np
 import pytest
 
-from lshdist._kernels.itml import itml_explicit
 from lshdist.errors import InputError, NotFittedError
 from lshdist.evaluation import knn_predict
 from lshdist.metric.constraints import random_pairs
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.learned import ExplicitMetric, sq_euclidean
-
-
-def itml_reference(A, V, delta, xi, gamma, max_iter, tol):
-    """The authors' / metric-learn loop in plain numpy, constraints in the given order."""
-    A = A.copy()
-    xi = xi.copy()
-    lam = np.zeros(len(V))
-    lam_old = np.zeros(len(V))
-    gp = gamma / (gamma + 1)
-    for it in range(1, max_iter + 1):
-        for c, v in enumerate(V):
-            p = v @ A @ v
-            if p <= 1e-12:
-                continue
-            alpha = min(lam[c], delta[c] * gp * (1 / p - 1 / xi[c]))
-            lam[c] -= alpha
-            beta = delta[c] * alpha / (1 - delta[c] * alpha * p)
-            xi[c] = 1 / (1 / xi[c] + delta[c] * alpha / gamma)
-            Av = A @ v
-            A += beta * np.outer(Av, Av)
-        normsum = np.linalg.norm(lam) + np.linalg.norm(lam_old)
-        if normsum == 0:
-            break
-        if np.abs(lam_old - lam).sum() / normsum < tol:
-            break
-        lam_old = lam.copy()
-    return A, it
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +15,6 @@ def toy():
     y = rng.integers(0, 3, 120)
     X[:, 0] += 3 * y
     return X, y
-
-
-def test_kernel_matches_numpy_reference(toy):
-    X, y = toy
-    rng = np.random.default_rng(1)
-    pairs, delta = random_pairs(y, 80, rng)
-    V = X[pairs[:, 0]] - X[pairs[:, 1]]
-    V[3] = 0.0  # a zero-length pair is skipped, never divided by
-    xi = np.where(delta > 0, 5.0, 40.0)
-    ref, it_ref = itml_reference(np.eye(10), V, delta, xi, 1.0, 200, 1e-3)
-    A = np.eye(10)
-    it, _ = itml_explicit(
-        A, np.ascontiguousarray(V), delta, xi.copy(), np.zeros(len(V)), 1.0, 200, 1e-3
-    )
-    assert it == it_ref
-    np.testing.assert_allclose(A, ref, rtol=1e-10, atol=1e-12)
-    assert np.all(np.isfinite(A))
 
 
 def test_matches_metric_learn_on_letter(letter):
@@ -96,6 +51,43 @@ def test_both_kernel_routes_give_GtG_equal_A(toy):
     # eq. 5 keeps K_t = Phi^T A_t Phi
     Phi = X[basis].astype(np.float32).astype(np.float64).T
     np.testing.assert_allclose(basis_route.K_, Phi.T @ A @ Phi, rtol=1e-8, atol=1e-8)
+
+
+def test_span_route_offsets_make_the_true_distances_meet_the_constraints():
+    """Issue 17 item 3.  Pairs outside the basis, d > c: the span route learns W on psi with
+    ``||(I-P)(a-b)||^2`` added to every length.  With hard constraints, the learned metric's
+    *true* distances (through the explicit G, and through d_A) must meet the bound.  Bug caught:
+    the offset dropped (then psi's part alone reaches u and the true distance is u + offset)."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(40, 10))
+    basis = rng.permutation(40)[:3]
+    Phi = X[basis].astype(np.float32).astype(np.float64).T  # 10 x 3: the span is 3-d of 10
+    P = Phi @ np.linalg.solve(Phi.T @ Phi, Phi.T)
+    others = np.setdiff1d(np.arange(40), basis)
+    cand = np.array(np.triu_indices(len(others), 1)).T
+    cand = others[cand[rng.permutation(len(cand))]]
+    X32 = X.astype(np.float32).astype(np.float64)
+    V = X32[cand[:, 0]] - X32[cand[:, 1]]
+    full = (V**2).sum(1)
+    offset = ((V @ (np.eye(10) - P)) ** 2).sum(1)
+    u = float(np.median(full))
+    # feasible (the offset alone is below u) and active (the prior distance is above u)
+    pairs = cand[(offset < 0.8 * u) & (full > 1.2 * u)][:4]
+    assert len(pairs) == 4
+    delta = np.ones(4)
+    fit = KernelITML(route="span", basis=basis, bounds=(u, 10 * u), gamma=np.inf,
+                     max_iter=2000, tol=1e-9).fit(X, pairs=pairs, delta=delta)
+    m = fit.metric()
+    G = m.explicit_G()
+    Vp = X32[pairs[:, 0]] - X32[pairs[:, 1]]
+    true = ((Vp @ G.T) ** 2).sum(1)
+    np.testing.assert_allclose(m.pairwise(X[pairs[:, 0]], X[pairs[:, 1]]).diagonal(), true,
+                               rtol=1e-6)
+    assert np.all(true <= u * (1 + 1e-3)), (true, u)
+    assert np.isclose(true, u, rtol=1e-3).any()  # some constraint binds (no trivial shrinkage)
+    # G keeps the orthogonal complement fixed: the offset is part of every learned distance
+    np.testing.assert_allclose(((Vp @ (np.eye(10) - P) @ G.T @ G @ (np.eye(10) - P)) * Vp)
+                               .sum(1), ((Vp @ (np.eye(10) - P)) ** 2).sum(1), rtol=1e-6)
 
 
 def test_implicit_distance_equals_explicit(toy):

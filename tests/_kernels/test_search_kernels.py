@@ -1,0 +1,171 @@
+"""`lshdist._kernels.search` against plain numpy references.
+
+Ids never rise with rows here (a shuffled, non-contiguous sample of 0..10**6), data are small
+integers (float arithmetic is exact, so distances tie exactly and references are exact), and
+duplicate rows make equal distances.  Each test names the plausible bug it catches; each was
+checked once by planting that bug.
+"""
+
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lshdist._kernels.search import (
+    collect_candidates,
+    rerank_dense,
+    rerank_sparse,
+    smallest_per_row,
+    window_candidates_bsearch,
+    window_candidates_merge,
+)
+
+
+def shuffled_ids(rng, n: int) -> np.ndarray:
+    """Distinct int64 ids that do not rise with rows."""
+    return rng.permutation(10**6)[:n].astype(np.int64)
+
+
+def random_csr_candidates(rng, Q: int, N: int, max_len: int):
+    """Per-query distinct candidate rows (as `collect_candidates` gives them): some queries
+    with none, some with fewer than k."""
+    lens = rng.integers(0, min(max_len, N) + 1, size=Q)
+    lens[0] = 0
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    rows = np.concatenate([rng.permutation(N)[:n] for n in lens]).astype(np.int64)
+    return offsets, rows
+
+
+def topk_reference(dist_rows, rows, ids, k):
+    """Smallest k by (distance, id): ``np.lexsort((ids, dist))``; inf / -1 padded."""
+    d = np.full(k, np.inf, np.float32)
+    r = np.full(k, -1, np.int64)
+    order = np.lexsort((ids[rows], dist_rows))[:k]
+    d[: len(order)] = dist_rows[order]
+    r[: len(order)] = rows[order]
+    return d, r
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10**6), W=st.integers(1, 4), N=st.integers(1, 40))
+def test_window_candidates_match_numpy(seed, W, N):
+    # Bugs caught: the window off by one (pos - W + 1 .. pos + W); side='right' in the merge
+    # (queries equal to a list entry); windows running past either end not padded with -1.
+    rng = np.random.default_rng(seed)
+    M, Q = 3, 12
+    sorted_prefix = np.sort(rng.integers(0, 8, size=(M, N)).astype(np.uint64), axis=1)  # dups
+    sorted_rows = np.stack([rng.permutation(N) for _ in range(M)]).astype(np.int32)
+    qprefix = rng.integers(0, 10, size=(M, Q)).astype(np.uint64)  # below, at and above the list
+    expect = np.full((Q, M * 2 * W), -1, np.int64)
+    for m in range(M):
+        pos = np.searchsorted(sorted_prefix[m], qprefix[m], side="left")
+        for q in range(Q):
+            for t in range(2 * W):
+                j = pos[q] - W + t
+                if 0 <= j < N:
+                    expect[q, m * 2 * W + t] = sorted_rows[m, j]
+    assert np.array_equal(window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W), expect)
+    qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
+    assert np.array_equal(
+        window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W), expect
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), keep=st.integers(0, 12), bits=st.sampled_from([3, 64, 130]))
+def test_collect_candidates_matches_numpy(seed, keep, bits):
+    # Bugs caught: a candidate repeated across lists kept twice (the stamp not per query);
+    # the Hamming cut off by one (keeping keep+1 or keep-1 rows, or the wrong rows at the cut
+    # distance); the last word of a 130-bit key ignored.
+    rng = np.random.default_rng(seed)
+    words = (bits + 63) // 64
+    codes = rng.integers(0, 2**63, size=(40, words), dtype=np.int64).astype(np.uint64)
+    codes[:, -1] &= np.uint64(~((1 << (words * 64 - bits)) - 1) & (2**64 - 1))  # b bits only
+    qcodes = codes[rng.integers(0, 40, 3)]
+    cand = rng.integers(-1, 40, size=(3, 25))
+    off, rows, distinct = collect_candidates(cand, codes, qcodes, keep)
+    for q in range(3):
+        seen = list(dict.fromkeys(v for v in cand[q].tolist() if v >= 0))  # discovery order
+        assert distinct[q] == len(seen)
+        if keep and len(seen) > keep:
+            ham = [sum(bin(int(a) ^ int(b)).count("1") for a, b in zip(codes[v], qcodes[q]))
+                   for v in seen]
+            order = np.argsort(ham, kind="stable")[:keep]
+            expect = sorted([seen[i] for i in order], key=seen.index)
+        else:
+            expect = seen
+        assert rows[off[q] : off[q + 1]].tolist() == expect
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), kk=st.integers(1, 30), n=st.integers(1, 60))
+def test_smallest_per_row_matches_numpy(seed, kk, n):
+    # Bug caught: equal entries resolved by column (row) instead of by key (id) -- the scan then
+    # drops the lowest-id rows among more than k + 16 exact ties (issue 17).
+    rng = np.random.default_rng(seed)
+    D = rng.integers(0, 4, size=(4, n)).astype(np.float32)  # many ties
+    keys = shuffled_ids(rng, n)
+    got = smallest_per_row(D, kk, keys)
+    expect = np.sort(np.stack([np.lexsort((keys, row))[: min(kk, n)] for row in D]), axis=1)
+    assert np.array_equal(got, expect)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), k=st.integers(1, 12))
+def test_rerank_dense_matches_numpy(seed, k):
+    # Bugs caught: ties by row (or by discovery order) instead of by id; a query's CSR slice off
+    # by one (offsets[q] .. offsets[q+1]); padding of queries with fewer than k candidates.
+    rng = np.random.default_rng(seed)
+    N, d, Q = 50, 3, 7
+    Z = rng.integers(-2, 3, size=(N, d)).astype(np.float32)
+    Z[rng.integers(0, N, 20)] = Z[0]  # duplicate rows: exact ties
+    Zq = np.vstack([Z[:3], rng.integers(-2, 3, size=(Q - 3, d))]).astype(np.float32)
+    ids = shuffled_ids(rng, N)
+    offsets, rows = random_csr_candidates(rng, Q, N, 30)
+    got_d, got_r = rerank_dense(offsets, rows, Z, Zq, k, ids)
+    for q in range(Q):
+        r = rows[offsets[q] : offsets[q + 1]]
+        dist = ((Z[r].astype(np.float64) - Zq[q]) ** 2).sum(1)
+        ed, er = topk_reference(dist, r, ids, k)
+        assert np.array_equal(got_d[q], ed) and np.array_equal(got_r[q], er)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10**6), k=st.integers(1, 10))
+def test_rerank_sparse_matches_numpy(seed, k):
+    # Bugs caught: the query's dense buffer not cleared between queries (stale features of the
+    # previous query); the cross term's sign or factor 2; a query feature that no database row
+    # has (qlocal = -1) read as feature 0; ties by row instead of by id.
+    rng = np.random.default_rng(seed)
+    N, F, extra, c, Q = 40, 12, 3, 4, 6
+    Xd = rng.integers(-2, 3, size=(N, F)) * (rng.random((N, F)) < 0.4)
+    Xd[rng.integers(0, N, 12)] = Xd[1]  # duplicate rows: exact ties
+    Kx = rng.integers(-2, 3, size=(N, c))
+    Kx[(Xd == Xd[1]).all(1)] = Kx[1]
+    B = rng.integers(-1, 2, size=(c, c))
+    Qm = (B @ B.T).astype(np.float64)  # PSD: learned distances are >= 0
+    # queries over F + extra features; the extra ones are in no database row
+    Qd = rng.integers(-2, 3, size=(Q, F + extra)) * (rng.random((Q, F + extra)) < 0.5)
+    Qd[0, :F], Qd[0, F:] = Xd[1], 0  # a query equal to a duplicated row
+    Kq = rng.integers(-2, 3, size=(Q, c))
+    Kq[0] = Kx[1]
+    X = sp.csr_matrix(Xd.astype(np.float32))
+    Xq = sp.csr_matrix(Qd.astype(np.float32))
+    sx = (Xd**2).sum(1) + np.einsum("ij,jk,ik->i", Kx, Qm, Kx)
+    sq = (Qd**2).sum(1) + np.einsum("ij,jk,ik->i", Kq, Qm, Kq)
+    zq = Kq @ Qm
+    qlocal = np.where(Xq.indices < F, Xq.indices, -1).astype(np.int32)
+    ids = shuffled_ids(rng, N)
+    offsets, rows = random_csr_candidates(rng, Q, N, 25)
+    got_d, got_r = rerank_sparse(
+        offsets, rows, X.indptr.astype(np.int64), X.indices.astype(np.int32), X.data, F,
+        Kx.astype(np.float32), sx.astype(np.float64), Xq.indptr.astype(np.int64), qlocal,
+        Xq.data, zq.astype(np.float64), sq.astype(np.float64), k, ids,
+    )
+    Xfull = np.hstack([Xd, np.zeros((N, extra))])
+    for q in range(Q):
+        r = rows[offsets[q] : offsets[q + 1]]
+        diff, kd = Xfull[r] - Qd[q], Kx[r] - Kq[q]
+        dist = (diff**2).sum(1) + np.einsum("ij,jk,ik->i", kd, Qm, kd)
+        ed, er = topk_reference(dist, r, ids, k)
+        assert np.array_equal(got_d[q], ed) and np.array_equal(got_r[q], er), q
