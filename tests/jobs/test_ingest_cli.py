@@ -110,7 +110,7 @@ def test_bad_shard_rows_is_a_usage_error(tmp_path, capsys, small):
     with pytest.raises(SystemExit) as exit_:
         main(["ingest", str(small), "--out", str(tmp_path / "ds"), "--shard-rows", "0"])
     assert exit_.value.code == 2
-    assert "--shard-rows: 0 must be >= 1" in capsys.readouterr().err
+    assert "--shard-rows: '0': expected an integer >= 1" in capsys.readouterr().err
 
 
 def test_id_column_and_id_offset(tmp_path, capsys):
@@ -130,7 +130,7 @@ def test_negative_id_offset_is_a_usage_error(tmp_path, capsys, small):
     with pytest.raises(SystemExit) as exit_:
         main(["ingest", str(small), "--out", str(tmp_path / "ds"), "--id-offset", "-1"])
     assert exit_.value.code == 2
-    assert "--id-offset: -1 must be >= 0" in capsys.readouterr().err
+    assert "--id-offset: '-1': expected an integer >= 0" in capsys.readouterr().err
 
 
 def test_every_ingest_option_states_its_default():
