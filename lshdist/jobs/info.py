@@ -1,24 +1,25 @@
-"""``lshdist info PATH``: what a dataset (later also a model or an index) holds."""
+"""``lshdist info PATH``: what a dataset, a model or an index holds."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from lshdist.errors import FormatError, InputError
 from lshdist.store.dataset import FORMAT as DATASET_FORMAT
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import FORMAT as INDEX_FORMAT
-from lshdist.store.index import read_manifest
+from lshdist.store.index import list_orphans, read_manifest
 from lshdist.store.model import FORMAT as MODEL_FORMAT
 from lshdist.store.model import read_model_meta
 
 _MAX_CLASS_NAMES = 30
 
 
-def describe_dataset(path: Path) -> dict:
+def describe_dataset(path: Path) -> dict[str, Any]:
     ds = Dataset(path)
     info = {"format": f"{DATASET_FORMAT} v{ds.attrs['version']}", **ds.summary()}
     info["class_names"] = ds.classes
@@ -29,25 +30,28 @@ def describe_dataset(path: Path) -> dict:
     return info
 
 
-def describe_model(path: Path) -> dict:
+def describe_model(path: Path) -> dict[str, Any]:
     meta = read_model_meta(path)
     return {"format": f"{meta['format']} v{meta['version']}", "path": str(path),
             "kind": meta["kind"], "kernel": meta.get("kernel"), "d": meta["d"], "c": meta.get("c"),
             "seed": meta["seed"], "checksum": meta["checksum"], "params": meta.get("params", {})}
 
 
-def describe_index(path: Path) -> dict:
+def describe_index(path: Path) -> dict[str, Any]:
     m = read_manifest(path)
+    orphans = [str(p) for p in list_orphans(path)]
     segs = [f"{e['name']} ({e['rows']} rows, M={e['permutations']}, from {e.get('source', '?')}"
             f" rows {e.get('start', '?')}:{e.get('stop', '?')})" for e in m["segments"]]
     return {"format": f"{m['format']} v{m['version']}", "path": str(path), "rows": m.get("rows"),
             "model": m["model"], "model_checksum": m["model_checksum"], "kind": m["kind"],
             "bits": m["bits"], "window": m["window"], "hamming_keep": m["hamming_keep"],
-            "learned_hash": m["learned"], "n_segments": len(segs), "segments": segs}
+            "learned_hash": m["learned"], "n_segments": len(segs), "segments": segs,
+            # a running build's segments, or a failed one's leftovers (`lshdist gc`)
+            "orphans": orphans or None}
 
 
 #: directory kinds by the ``format`` they declare
-DESCRIBERS: dict[str, Callable[[Path], dict]] = {
+DESCRIBERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     DATASET_FORMAT: describe_dataset,
     MODEL_FORMAT: describe_model,
     INDEX_FORMAT: describe_index,
@@ -80,7 +84,7 @@ def directory_format(path: Path) -> str | None:
     )
 
 
-def describe(path: str | Path) -> dict:
+def describe(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     fmt = directory_format(path)
     if fmt not in DESCRIBERS and (path / "zarr.json").is_file():
@@ -93,7 +97,7 @@ def describe(path: str | Path) -> dict:
     return DESCRIBERS[fmt](path)
 
 
-def _text(info: dict) -> str:
+def _text(info: dict[str, Any]) -> str:
     rows = []
     for key, value in info.items():
         if key == "d" and value == 2**64:
@@ -114,10 +118,12 @@ def _text(info: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v.replace(chr(10), pad)}" for k, v in rows)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("info", help="describe a dataset")
-    p.add_argument("path", metavar="PATH", help="dataset directory")
-    p.add_argument("--json", action="store_true", help="print JSON instead of aligned text")
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "info", help="describe a dataset, model or index")
+    p.add_argument("path", metavar="PATH", help="a dataset, model or index directory")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of aligned text (default: text)")
     p.set_defaults(func=run)
     return p
 

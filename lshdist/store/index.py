@@ -247,12 +247,17 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if "checksum" not in meta:
         raise FormatError(f"{str(path)!r}: {MANIFEST} has no checksum; it was not written by "
                           f"lshdist (or was edited by hand); {_REBUILD}")
-    _check_manifest(meta, path)
-    digest = manifest_checksum(meta)
+    _check_fields({"checksum": meta["checksum"]}, {"checksum": _FIELDS["checksum"]},
+                  f"{str(path)!r}: {MANIFEST}")
+    try:
+        digest = manifest_checksum(meta)
+    except ValueError:  # NaN or infinity: JSON that lshdist never writes
+        digest = "not computable (NaN or infinity in it)"
     if digest != meta["checksum"]:
         raise FormatError(f"{str(path)!r}: {MANIFEST} does not match its checksum (expected "
                           f"{meta['checksum'][:12]}..., its content gives {digest[:12]}...): it "
                           f"was edited or damaged; restore it or {_REBUILD}")
+    _check_manifest(meta, path)  # a sealed manifest may still come from a buggy writer
     return meta
 
 
