@@ -35,6 +35,8 @@ def read_results(path):
 
 
 INDEX = IndexConfig(bits=64, permutations=30, window=4, hamming_keep=0, segment_rows=4000)
+# measured 2026-11-22: 1-NN 0.9555, recall@5 0.9565 (the fixture model: ITML, 2,000 pairs)
+ACC_MIN, RECALL_MIN = 0.950, 0.945
 
 
 def Q(k=5, mode="hash", query_chunk=5000):
@@ -73,10 +75,15 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     d8, ids8 = ix8.query(letter.X_test, 5)
     assert np.array_equal(r["neighbor_id"].reshape(-1, 5), ids8)
     assert np.array_equal(r["distance"].reshape(-1, 5), d8)
-    # and the hashed search is good: 1-NN accuracy of the learned metric on Letter
+    # and the hashed search is good: 1-NN accuracy of the learned metric on Letter and recall@5
+    # against the exact scan (a random hash gets neither)
     y = np.concatenate([letter.y_train, letter.y_test])
-    acc = (y[reference["neighbor_id"].reshape(-1, 5)[:, 0]] == letter.y_test).mean()
-    assert acc >= 0.955
+    found = reference["neighbor_id"].reshape(-1, 5)
+    acc = (y[found[:, 0]] == letter.y_test).mean()
+    D = sq_euclidean(metric.transform(letter.X_test), metric.transform(letter.X_train))
+    exact = np.argsort(D, axis=1, kind="stable")[:, :5]
+    recall = np.mean([len(np.intersect1d(a, b)) / 5 for a, b in zip(found, exact)])
+    assert acc >= ACC_MIN and recall >= RECALL_MIN
 
 
 def test_two_workers_and_shard_sizes_give_identical_results(letter_job, reference, tmp_path):
