@@ -27,7 +27,7 @@ from lshdist.errors import ClusterError, InputError
 from lshdist.index.params import resolve_permutations
 from lshdist.index.searcher import MODES
 from lshdist.limits import MAX_PERMUTATIONS
-from lshdist.store.atomic import atomic_dir, check_not_input, check_output
+from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     FORMAT,
@@ -215,26 +215,43 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     """Run a planned build on ``client``; returns the new manifest.
 
     A fresh build is written beside ``out`` and renamed into place when complete; an append
-    writes new segments into the index and swaps the manifest under the index lock (a
-    concurrent append waits, then both land).
+    writes new segments into the index and swaps the manifest.  Both hold the index lock
+    throughout (a concurrent append waits up to ``stall`` seconds, then both land).
     """
     _check_worker_memory(client, plan.list_bytes)
-    if plan.append:
-        entries = _build_segments(client, plan, plan.out, stall)
-        with index_lock(plan.out):
+    try:
+        plan.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, plan.out) from None
+    # the whole build holds the index lock: a concurrent append waits for it (then both
+    # land), and `lshdist gc` never mistakes a running build's segments for orphans
+    with index_lock(plan.out, timeout=stall):
+        if plan.append:
+            entries = _build_segments(client, plan, plan.out, stall)
             manifest = read_manifest(plan.out)  # another append may have landed meanwhile
             if manifest["model_checksum"] != plan.manifest["model_checksum"]:
                 raise InputError(f"index {str(plan.out)!r} changed model during the append")
-            _check_new_ids(str(plan.out), manifest, plan.data)
-            new = _with_segments(manifest, entries)
-            write_manifest(plan.out, new)  # the swap: readers see the old or the new index
+            try:
+                _check_new_ids(str(plan.out), manifest, plan.data)
+                new = _with_segments(manifest, entries)
+                write_manifest(plan.out, new)  # the swap: readers see the old or the new index
+            except BaseException:
+                _remove_segments(plan.out, [e["name"] for e in entries])
+                raise
+            return new
+        with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
+                        inputs=(plan.data.path, plan.model)) as tmp:
+            entries = _build_segments(client, plan, tmp, stall)
+            new = _with_segments(plan.manifest, entries)
+            write_manifest(tmp, new)
         return new
-    with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
-                    inputs=(plan.data.path, plan.model)) as tmp:
-        entries = _build_segments(client, plan, tmp, stall)
-        new = _with_segments(plan.manifest, entries)
-        write_manifest(tmp, new)
-    return new
+
+
+def _remove_segments(index_dir: Path, names: list[str]) -> None:
+    import shutil
+
+    for name in names:  # the manifest never named them: remove what the tasks wrote
+        shutil.rmtree(index_dir / "segments" / name, ignore_errors=True)
 
 
 def _check_worker_memory(client: Any, list_bytes: int) -> None:
@@ -255,8 +272,6 @@ def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> d
 
 def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
                     ) -> list[dict[str, Any]]:
-    import shutil
-
     cfg = plan.cfg
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
     family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
@@ -273,8 +288,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
         entries = [f.result() for f in futures]
     except BaseException:
         client.cancel([*futures, family_f])
-        for name in names:  # the manifest never named them: remove what the tasks wrote
-            shutil.rmtree(index_dir / "segments" / name, ignore_errors=True)
+        _remove_segments(index_dir, names)
         raise
     client.cancel([*futures, family_f])
     return entries

@@ -110,7 +110,7 @@ def write_dataset(
             raise InputError(f"ids has shape {ids.shape}, but X has {n} rows; give one id per row")
 
     bounds = _shard_bounds(n, int(shard_rows))
-    with atomic_dir(path, overwrite=overwrite) as tmp:
+    with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         nnz = None
         if kind == "dense":

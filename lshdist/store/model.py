@@ -79,7 +79,7 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
         "checksums": checksums,
         "checksum": model_sum,
     }
-    with atomic_dir(path, overwrite=overwrite) as tmp:
+    with atomic_dir(path, overwrite=overwrite, kind="lshdist-model") as tmp:
         g = zarr.open_group(str(tmp / "arrays"), mode="w", zarr_format=3)
         for name, a in arrays.items():
             g.create_array(name, data=np.ascontiguousarray(a))

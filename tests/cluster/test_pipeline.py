@@ -233,6 +233,11 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
                  "--out", str(tmp_path / "r"), *base]) == 2
     assert "has 15 features, but the model was learned on 16" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+    # unreachable scheduler
+    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
+                 "--out", str(tmp_path / "r"), "--scheduler", "tcp://127.0.0.1:9",
+                 "--connect-timeout", "1"]) == 2
+    assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:9'" in capsys.readouterr().err
     # a model that does not match the index
     from lshdist.metric.learned import ExplicitMetric
     from lshdist.store.model import save_model
@@ -257,11 +262,6 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     assert main(["query", "--index", str(tmp_path / "plain"), "--queries", str(letter_job / "queries"),
                  "--out", str(tmp_path / "r"), *base]) == 2
     assert "is not an lshdist index (no index.json)" in capsys.readouterr().err
-    # unreachable scheduler
-    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
-                 "--out", str(tmp_path / "r"), "--scheduler", "tcp://127.0.0.1:9",
-                 "--connect-timeout", "1"]) == 2
-    assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:9'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
