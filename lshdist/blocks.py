@@ -8,10 +8,13 @@ any global vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, TypeVar, overload
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.typing import ArrayLike
 
 from lshdist.errors import InputError
 
@@ -32,15 +35,15 @@ class SparseBlock:
     features: np.ndarray
 
     @classmethod
-    def from_arrays(cls, indptr, indices, data) -> SparseBlock:
+    def from_arrays(cls, indptr: ArrayLike, indices: ArrayLike, data: ArrayLike) -> SparseBlock:
         """Build from CSR arrays whose ``indices`` are global (uint64) feature ids."""
-        indptr = np.asarray(indptr, dtype=np.int64)
-        indices = np.asarray(indices, dtype=np.uint64)
-        data = np.asarray(data, dtype=np.float32)
-        features, local = np.unique(indices, return_inverse=True)
-        n = len(indptr) - 1
+        indptr_ = np.asarray(indptr, dtype=np.int64)
+        indices_ = np.asarray(indices, dtype=np.uint64)
+        data_ = np.asarray(data, dtype=np.float32)
+        features, local = np.unique(indices_, return_inverse=True)
+        n = len(indptr_) - 1
         m = sp.csr_matrix(
-            (data, local.astype(np.int64).ravel(), indptr - indptr[0]), shape=(n, len(features))
+            (data_, local.astype(np.int64).ravel(), indptr_ - indptr_[0]), shape=(n, len(features))
         )
         return cls(m, features)
 
@@ -52,11 +55,13 @@ class SparseBlock:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.matrix.shape
+        n, f = self.matrix.shape
+        return n, f
 
     @property
     def n_rows(self) -> int:
-        return self.matrix.shape[0]
+        n: int = self.matrix.shape[0]
+        return n
 
     @property
     def nnz(self) -> int:
@@ -71,7 +76,7 @@ class SparseBlock:
             m.data.astype(np.float32),
         )
 
-    def take(self, rows) -> SparseBlock:
+    def take(self, rows: RowIndex) -> SparseBlock:
         """Rows ``rows`` (any integer index array), same feature space."""
         return SparseBlock(self.matrix[np.asarray(rows)], self.features)
 
@@ -119,17 +124,37 @@ def vstack_sparse(blocks: list[SparseBlock]) -> SparseBlock:
     )
 
 
-def n_rows(X) -> int:
+#: rows in memory: a dense (n, d) array or a `SparseBlock`
+Block: TypeAlias = "np.ndarray | SparseBlock"
+#: one kind of rows throughout (dense, sparse, or either)
+BlockT = TypeVar("BlockT", bound=Block)
+#: integer row numbers
+RowIndex: TypeAlias = "np.ndarray | Sequence[int]"
+#: rows as callers give them: anything `as_block` takes (array-like, scipy sparse matrix, block)
+RowsLike: TypeAlias = "ArrayLike | SparseBlock | sp.spmatrix"
+
+
+def n_rows(X: RowsLike) -> int:
     """Rows of a dense array or a `SparseBlock`."""
     return X.n_rows if isinstance(X, SparseBlock) else int(np.asarray(X).shape[0])
 
 
-def take_rows(X, rows):
+@overload
+def take_rows(X: BlockT, rows: RowIndex) -> BlockT: ...
+@overload
+def take_rows(X: RowsLike, rows: RowIndex) -> Block: ...
+def take_rows(X: RowsLike, rows: RowIndex) -> Block:
     """Rows of a dense array or a `SparseBlock`."""
     return X.take(rows) if isinstance(X, SparseBlock) else np.asarray(X)[rows]
 
 
-def as_block(X):
+@overload
+def as_block(X: SparseBlock) -> SparseBlock: ...
+@overload
+def as_block(X: np.ndarray) -> np.ndarray: ...
+@overload
+def as_block(X: RowsLike) -> Block: ...
+def as_block(X: RowsLike) -> Block:
     """Dense float32 C array, or a `SparseBlock` (a scipy matrix becomes one)."""
     if isinstance(X, SparseBlock):
         return X

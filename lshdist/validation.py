@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.typing import ArrayLike
 
 from lshdist.errors import InputError
 
 
-def check_numeric_matrix(X: np.ndarray, *, name: str = "X") -> np.ndarray:
+def check_numeric_matrix(X: ArrayLike, *, name: str = "X") -> np.ndarray:
     """Return ``X`` as a 2-d float32 C-contiguous array, or raise a clear `InputError`.
 
     Checks: numeric dtype, two dimensions, at least one row and one column, no NaN or infinity
@@ -23,19 +24,22 @@ def check_numeric_matrix(X: np.ndarray, *, name: str = "X") -> np.ndarray:
     if X.ndim != 2:
         raise InputError(f"{name} must be 2-d (rows x features), got shape {X.shape}")
     if X.shape[0] == 0 or X.shape[1] == 0:
-        raise InputError(f"{name} is empty (shape {X.shape}); give at least one row and one feature")
+        raise InputError(
+            f"{name} is empty (shape {X.shape}); give at least one row and one feature"
+        )
     X = np.ascontiguousarray(X, dtype=np.float32)
     check_finite(X, name=name)
     return X
 
 
-def check_finite(X, *, name: str = "X") -> None:
+def check_finite(X: ArrayLike | sp.spmatrix, *, name: str = "X") -> None:
     """Raise if ``X`` (dense or scipy sparse) holds NaN or infinite values."""
     if sp.issparse(X):
-        values = X.data
+        m: sp.spmatrix = X
+        values = m.data
         bad = ~np.isfinite(values)
         if bad.any():
-            indptr = X.indptr
+            indptr = m.indptr
             first = int(np.searchsorted(indptr, np.flatnonzero(bad)[0], side="right") - 1)
             raise InputError(
                 f"{name} holds {int(bad.sum())} NaN or infinite values (first in row {first}); "
@@ -51,7 +55,7 @@ def check_finite(X, *, name: str = "X") -> None:
         )
 
 
-def check_labels(y, n_rows: int, *, name: str = "y") -> np.ndarray:
+def check_labels(y: ArrayLike, n_rows: int, *, name: str = "y") -> np.ndarray:
     """Return labels as a 1-d array of length ``n_rows`` or raise."""
     y = np.asarray(y)
     if y.ndim != 1:

@@ -37,6 +37,7 @@ def build_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     X = ds.read_rows(start, stop)
     ids = ds.ids()[start:stop]
+    assert family.metric is not None  # `load_family` gives every family its metric
     codes, payload = encode(family.metric, family, X)
     index = PermutationIndex(
         n_permutations=params["permutations"], epsilon=params["epsilon"], window=params["window"],
@@ -55,6 +56,7 @@ def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
 def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
     ds = Dataset(queries_path)
     X = ds.read_rows(start, stop)
+    assert family.metric is not None  # `load_family` gives every family its metric
     codes, payload = encode(family.metric, family, X, query=True)
     return codes, payload, ds.ids()[start:stop]
 

@@ -6,24 +6,33 @@ Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ce
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from lshdist._kernels.hashing import gaussian_rows, pack_signs
-from lshdist.blocks import SparseBlock, as_block
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError
 from lshdist.limits import MAX_BITS
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
+if TYPE_CHECKING:
+    from lshdist.protocols import Metric
+
 
 def check_bits(bits: int) -> int:
-    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or not 1 <= bits <= MAX_BITS:
-        raise InputError(f"bits={bits!r}: the number of hash bits must be an integer in 1..{MAX_BITS}")
+    if (not isinstance(bits, (int, np.integer)) or isinstance(bits, bool)
+            or not 1 <= bits <= MAX_BITS):
+        raise InputError(
+            f"bits={bits!r}: the number of hash bits must be an integer in 1..{MAX_BITS}"
+        )
     return int(bits)
 
 
 def gaussian_matrix(seed: int, d: int, bits: int) -> np.ndarray:
     """``R`` (bits x d) of the counter-based Gaussians for features ``0..d-1``."""
-    return np.ascontiguousarray(gaussian_rows(np.uint64(seed), np.arange(d, dtype=np.uint64), bits).T)
+    R = gaussian_rows(np.uint64(seed), np.arange(d, dtype=np.uint64), bits)  # (d, bits)
+    return np.ascontiguousarray(R.T)
 
 
 def sparse_projection(X: SparseBlock, seed: int, bits: int) -> np.ndarray:
@@ -38,13 +47,16 @@ class HashFamily:
     name = "base"
     bits: int
     seed: int
+    #: the metric whose candidates are re-ranked (None: a baseline family without one)
+    metric: Metric | None
 
-    def project(self, X) -> np.ndarray:  # pragma: no cover - interface
+    def project(self, X: RowsLike) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def hash(self, X) -> np.ndarray:
+    def hash(self, X: RowsLike) -> np.ndarray:
         """Packed keys, uint64 (n, ceil(bits / 64))."""
-        return pack_signs(np.ascontiguousarray(self.project(X)))
+        keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
+        return keys
 
 
 class RandomHyperplanes(HashFamily):
@@ -53,24 +65,26 @@ class RandomHyperplanes(HashFamily):
     name = "charikar"
 
     def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None,
-                 metric=None):
+                 metric: Metric | None = None):
         self.metric = metric  # the metric its candidates are re-ranked under (if any)
         self.d = int(d)
         self.bits = check_bits(bits)
         self.seed = int(seed)
         self.center = center
-        self._R = None
+        self._R: np.ndarray | None = None
+        self._offset: float | np.ndarray
 
-    def project(self, X) -> np.ndarray:
-        X = as_block(X)
-        if isinstance(X, SparseBlock):
-            return sparse_projection(X, self.seed, self.bits)
-        if X.shape[1] != self.d:
-            raise InputError(f"X has {X.shape[1]} features, but the hash family has d={self.d}")
+    def project(self, X: RowsLike) -> np.ndarray:
+        B = as_block(X)
+        if isinstance(B, SparseBlock):
+            return sparse_projection(B, self.seed, self.bits)
+        if B.shape[1] != self.d:
+            raise InputError(f"X has {B.shape[1]} features, but the hash family has d={self.d}")
         if self._R is None:
             self._R = gaussian_matrix(self.seed, self.d, self.bits)
             self._offset = 0.0 if self.center is None else self._R @ self.center
-        return X.astype(np.float64) @ self._R.T - self._offset
+        P: np.ndarray = B.astype(np.float64) @ self._R.T - self._offset
+        return P
 
 
 class LearnedExplicit(HashFamily):
@@ -78,6 +92,7 @@ class LearnedExplicit(HashFamily):
     ``mu`` is the metric's centre (zero when it has none: the paper's form)."""
 
     name = "learned-explicit"
+    metric: ExplicitMetric
 
     def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):
         self.metric = metric
@@ -87,9 +102,10 @@ class LearnedExplicit(HashFamily):
         c = metric.center
         self.offset = np.zeros(self.bits) if c is None else self.RG @ c.astype(np.float64)
 
-    def project(self, X) -> np.ndarray:
-        X = self.metric.check(X)
-        return X.astype(np.float64) @ self.RG.T - self.offset
+    def project(self, X: RowsLike) -> np.ndarray:
+        Xd = self.metric.check(X)
+        P: np.ndarray = Xd.astype(np.float64) @ self.RG.T - self.offset
+        return P
 
 
 class LearnedImplicit(HashFamily):
@@ -100,36 +116,39 @@ class LearnedImplicit(HashFamily):
     """
 
     name = "learned-implicit"
+    metric: ImplicitMetric
 
     def __init__(self, metric: ImplicitMetric, *, bits: int, seed: int = 0):
         self.metric = metric
         self.bits = check_bits(bits)
         self.seed = int(seed)
-        self._dense_R = None
+        self._dense_R: np.ndarray | None = None
         PhiR = self._direct(metric.basis)  # (c, b): Phi^T r for every bit
         self.Gamma = metric.S.T @ PhiR
 
-    def _direct(self, X) -> np.ndarray:
+    def _direct(self, X: Block) -> np.ndarray:
         if isinstance(X, SparseBlock):
             return sparse_projection(X, self.seed, self.bits)
         if self._dense_R is None:
             self._dense_R = gaussian_matrix(self.seed, self.metric.d, self.bits)
-        return np.asarray(X, np.float64) @ self._dense_R.T
+        P: np.ndarray = np.asarray(X, np.float64) @ self._dense_R.T
+        return P
 
-    def project_with(self, X, kx: np.ndarray | None) -> np.ndarray:
+    def project_with(self, X: Block, kx: np.ndarray | None) -> np.ndarray:
         """Projection when the kernel values ``kx`` (n, c) are already computed (None: S = 0)."""
         P = self._direct(X)
         return P if kx is None else P + kx @ self.Gamma
 
-    def hash_with(self, X, kx: np.ndarray | None) -> np.ndarray:
-        return pack_signs(np.ascontiguousarray(self.project_with(X, kx)))
+    def hash_with(self, X: Block, kx: np.ndarray | None) -> np.ndarray:
+        keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project_with(X, kx)))
+        return keys
 
-    def project(self, X) -> np.ndarray:
-        X = self.metric.check(X)
-        return self.project_with(X, self.metric.kernel_values(X))
+    def project(self, X: RowsLike) -> np.ndarray:
+        B = self.metric.check(X)
+        return self.project_with(B, self.metric.kernel_values(B))
 
 
-def family_for(metric, *, bits: int, seed: int = 0, learned: bool = True) -> HashFamily:
+def family_for(metric: Metric, *, bits: int, seed: int = 0, learned: bool = True) -> HashFamily:
     """The hash family of a metric: learned (default) or Charikar's baseline."""
     if not learned:
         return RandomHyperplanes(d=metric.d, bits=bits, seed=seed,

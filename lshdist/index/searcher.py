@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from lshdist.blocks import as_block
+from lshdist.blocks import RowsLike, as_block
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.payload import make_payload
@@ -12,23 +14,30 @@ from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.metric.learned import ImplicitMetric
 
+if TYPE_CHECKING:
+    from lshdist.hashing.families import HashFamily
+    from lshdist.protocols import Metric, RerankPayload
+
 MODES = ("hash", "scan")
 
 
-def encode(metric, family, X, *, query: bool = False):
+def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = False
+           ) -> tuple[np.ndarray, RerankPayload]:
     """Keys and re-rank payload of rows ``X``; kernel values are computed once for both."""
-    X = metric.check(as_block(X))
+    B = metric.check(as_block(X))
     kx = None
     if isinstance(metric, ImplicitMetric) and not metric.is_identity:
-        kx = metric.kernel_values(X)
+        kx = metric.kernel_values(B)
     if isinstance(family, LearnedImplicit):
-        codes = family.hash_with(X, kx)
+        codes = family.hash_with(B, kx)
     else:
-        codes = family.hash(X)
-    return codes, make_payload(metric, X, query=query, kx=kx)
+        codes = family.hash(B)
+    payload: RerankPayload = make_payload(metric, B, query=query, kx=kx)
+    return codes, payload
 
 
-def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload, k: int, *, mode: str,
+def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int, *,
+           mode: str,
            bulk: bool = True, n_threads: int = 1
            ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Top-k of encoded queries against one fitted `PermutationIndex`, hashed or by exact scan:
@@ -39,7 +48,9 @@ def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload, k: int, *, mod
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
     if mode != "hash":
         raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
-    return index.search(qcodes, qpayload, k, bulk=bulk, n_threads=n_threads)
+    found: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] = index.search(
+        qcodes, qpayload, k, bulk=bulk, n_threads=n_threads)
+    return found
 
 
 def permutation_seed(seed: int) -> int:
@@ -59,9 +70,9 @@ class MetricIndex:
     seed : seeds the hash coefficients and the permutations
     """
 
-    def __init__(self, metric, *, bits: int = 256, n_permutations: int | None = None,
+    def __init__(self, metric: Metric, *, bits: int = 256, n_permutations: int | None = None,
                  epsilon: float | None = None, window: int = 1, hamming_keep: int = 0,
-                 learned: bool = True, seed: int = 0):
+                 learned: bool = True, seed: int = 0) -> None:
         self.metric = metric
         self.bits = bits
         self.n_permutations = n_permutations
@@ -71,8 +82,10 @@ class MetricIndex:
         self.learned = learned
         self.seed = seed
 
-    def fit(self, X, ids=None, *, n_threads: int = 1) -> MetricIndex:
-        self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed, learned=self.learned)
+    def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
+            ) -> MetricIndex:
+        self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed,
+                                  learned=self.learned)
         codes, payload = encode(self.metric, self.family_, X)
         self.index_ = PermutationIndex(
             n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
@@ -80,7 +93,8 @@ class MetricIndex:
         ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
         return self
 
-    def query(self, Xq, k: int, *, mode: str = "hash", bulk: bool = True, n_threads: int = 1):
+    def query(self, Xq: RowsLike, k: int, *, mode: str = "hash", bulk: bool = True,
+              n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """``(distances, ids)``, each (Q, k), ascending.  ``self.stats_`` holds per-query
         candidate counts of the last hashed query."""
         if not hasattr(self, "index_"):

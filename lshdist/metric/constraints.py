@@ -7,11 +7,23 @@ A constraint set is ``(pairs, delta)``: int64 ``(n, 2)`` row indices and float64
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from lshdist.errors import InputError
 
+if TYPE_CHECKING:
+    from lshdist.blocks import BlockT
+
 STRATEGIES = ("random", "neighbors")
+
+#: a constraint set: int64 (n, 2) row pairs and float64 (n,) +1/-1 labels
+Constraints: TypeAlias = tuple[np.ndarray, np.ndarray]
+#: squared base distances between two blocks of rows: float64 (n_a, n_b)
+SqDist: TypeAlias = "Callable[[BlockT, BlockT], np.ndarray]"
 
 
 def check_labels_for_constraints(y: np.ndarray) -> np.ndarray:
@@ -24,7 +36,7 @@ def check_labels_for_constraints(y: np.ndarray) -> np.ndarray:
     return y
 
 
-def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator):
+def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator) -> Constraints:
     """``n_constraints // 2`` random same-label pairs and as many different-label pairs.
 
     The strategy of the ITML authors' code and of metric-learn.
@@ -32,7 +44,8 @@ def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator):
     y = check_labels_for_constraints(y)
     n = len(y)
     half = max(1, n_constraints // 2)
-    pos, neg = [], []
+    pos: list[tuple[int, int]] = []
+    neg: list[tuple[int, int]] = []
     # draw in rounds until both halves are full; distinct points within a pair
     while len(pos) < half or len(neg) < half:
         a = rng.integers(0, n, size=4 * half)
@@ -48,8 +61,9 @@ def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator):
 
 
 def neighbor_pairs(
-    Z, y: np.ndarray, n_constraints: int, n_neighbors: int, rng: np.random.Generator, sq_dist
-):
+    Z: BlockT, y: np.ndarray, n_constraints: int, n_neighbors: int, rng: np.random.Generator,
+    sq_dist: SqDist[BlockT],
+) -> Constraints:
     """Constraints among nearest neighbours under the base metric.
 
     For sampled anchors, the same-label points among the anchor's ``n_neighbors`` nearest
@@ -95,7 +109,7 @@ def neighbor_pairs(
     return pairs, delta
 
 
-def check_pairs(pairs, delta, n_points: int):
+def check_pairs(pairs: ArrayLike, delta: ArrayLike | None, n_points: int) -> Constraints:
     """Validate user-given constraints."""
     pairs = np.asarray(pairs)
     delta = np.asarray(delta, dtype=np.float64)

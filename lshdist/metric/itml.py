@@ -7,14 +7,18 @@ The projections follow ARCHITECTURE.md section 2 exactly; the loops run in
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from lshdist._kernels.itml import itml_basis, itml_explicit
-from lshdist.blocks import SparseBlock, as_block, n_rows, take_rows
+from lshdist.blocks import Block, BlockT, RowsLike, SparseBlock, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.metric.constraints import (
     STRATEGIES,
+    Constraints,
+    SqDist,
     check_labels_for_constraints,
     check_pairs,
     neighbor_pairs,
@@ -30,7 +34,8 @@ log = logging.getLogger(__name__)
 PERCENTILES = {"code": (5.0, 95.0), "paper": (1.0, 99.0)}
 
 
-def percentile_bounds(sq_dists: np.ndarray, percentiles: tuple[float, float]) -> tuple[float, float]:
+def percentile_bounds(sq_dists: np.ndarray, percentiles: tuple[float, float]
+                      ) -> tuple[float, float]:
     """``(u, l)``: percentiles of the squared distances (upper bound for similar pairs first)."""
     d = sq_dists[sq_dists > 0]
     if len(d) == 0:
@@ -39,15 +44,17 @@ def percentile_bounds(sq_dists: np.ndarray, percentiles: tuple[float, float]) ->
     return float(u), float(l)
 
 
-def _sample_sq_dists(X, sq_dist, n_sample: int, rng) -> np.ndarray:
+def _sample_sq_dists(X: BlockT, sq_dist: SqDist[BlockT], n_sample: int, rng: np.random.Generator
+                     ) -> np.ndarray:
     N = n_rows(X)
     idx = rng.choice(N, size=min(n_sample, N), replace=False)
     Z = take_rows(X, np.sort(idx))
     D = sq_dist(Z, Z)
-    return D[np.triu_indices(len(idx), 1)]
+    out: np.ndarray = D[np.triu_indices(len(idx), 1)]
+    return out
 
 
-def _check_X(X):
+def _check_X(X: RowsLike) -> Block:
     X = as_block(X)
     if isinstance(X, SparseBlock):
         check_finite(X.matrix)
@@ -83,13 +90,15 @@ class _ITMLParams:
         self.bound_sample = bound_sample
         self.seed = seed
 
-    def _validate_params(self):
+    def _validate_params(self) -> tuple[float, float]:
         if self.constraints not in STRATEGIES:
             raise InputError(
                 f"constraints={self.constraints!r}; choose one of {list(STRATEGIES)}"
             )
         if not (self.gamma > 0):
-            raise InputError(f"gamma={self.gamma}: the slack must be > 0 (inf for hard constraints)")
+            raise InputError(
+                f"gamma={self.gamma}: the slack must be > 0 (inf for hard constraints)"
+            )
         if self.max_iter < 1:
             raise InputError(f"max_iter={self.max_iter}: must be >= 1")
         if self.n_constraints < 2:
@@ -99,24 +108,27 @@ class _ITMLParams:
             if pct not in PERCENTILES:
                 raise InputError(f"percentiles={pct!r}; choose {sorted(PERCENTILES)} or a pair")
             pct = PERCENTILES[pct]
-        pct = tuple(float(p) for p in pct)
-        if not (len(pct) == 2 and 0 <= pct[0] < pct[1] <= 100):
-            raise InputError(f"percentiles={pct}: need two numbers 0 <= lower < upper <= 100")
-        return pct
+        values = tuple(float(p) for p in pct)
+        if not (len(values) == 2 and 0 <= values[0] < values[1] <= 100):
+            raise InputError(f"percentiles={values}: need two numbers 0 <= lower < upper <= 100")
+        return values[0], values[1]
 
-    def _constraints(self, X, y, pairs, delta, sq_dist, rng):
+    def _constraints(self, X: BlockT, y: ArrayLike | None, pairs: ArrayLike | None,
+                     delta: ArrayLike | None, sq_dist: SqDist[BlockT], rng: np.random.Generator
+                     ) -> Constraints:
         N = n_rows(X)
         if pairs is not None:
             return check_pairs(pairs, delta, N)
         if y is None:
             raise InputError("give labels y or explicit pairs (with +1/-1 pair labels)")
-        y = check_labels(y, N)
-        check_labels_for_constraints(y)
+        labels = check_labels(y, N)
+        check_labels_for_constraints(labels)
         if self.constraints == "random":
-            return random_pairs(y, self.n_constraints, rng)
-        return neighbor_pairs(X, y, self.n_constraints, self.n_neighbors, rng, sq_dist)
+            return random_pairs(labels, self.n_constraints, rng)
+        return neighbor_pairs(X, labels, self.n_constraints, self.n_neighbors, rng, sq_dist)
 
-    def _bounds(self, X, sq_dist, pct, rng):
+    def _bounds(self, X: BlockT, sq_dist: SqDist[BlockT], pct: tuple[float, float],
+                rng: np.random.Generator) -> tuple[float, float]:
         if self.bounds is not None:
             u, l = (float(b) for b in self.bounds)
             if not (0 < u <= l):
@@ -143,7 +155,7 @@ class ITML(_ITMLParams):
     seed : seeds constraint and sample draws
     """
 
-    def __init__(self, *, prior="identity", **kw):
+    def __init__(self, *, prior: str | ArrayLike = "identity", **kw: Any) -> None:
         super().__init__(**kw)
         self.prior = prior
 
@@ -160,10 +172,13 @@ class ITML(_ITMLParams):
             )
         A0 = np.asarray(self.prior, np.float64)
         if A0.shape != (d, d):
-            raise InputError(f"the prior has shape {A0.shape}, but X has {d} features: need ({d}, {d})")
+            raise InputError(
+                f"the prior has shape {A0.shape}, but X has {d} features: need ({d}, {d})"
+            )
         return A0
 
-    def fit(self, X, y=None, *, pairs=None, delta=None) -> ITML:
+    def fit(self, X: ArrayLike, y: ArrayLike | None = None, *, pairs: ArrayLike | None = None,
+            delta: ArrayLike | None = None) -> ITML:
         """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1)."""
         pct = self._validate_params()
         X = check_numeric_matrix(X)
@@ -202,12 +217,14 @@ def _inv_sqrt_psd(K0: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, int]
     if not keep.any():
         raise InputError("the basis kernel matrix K0 is zero; choose other basis points")
     Ur, wr = U[:, keep], w[keep]
-    return (Ur / np.sqrt(wr)) @ Ur.T, int(keep.sum())
+    isqrt: np.ndarray = (Ur / np.sqrt(wr)) @ Ur.T
+    return isqrt, int(keep.sum())
 
 
 def _sqrt_psd(W: np.ndarray) -> np.ndarray:
     w, U = np.linalg.eigh(0.5 * (W + W.T))
-    return (U * np.sqrt(np.maximum(w, 0.0))) @ U.T
+    out: np.ndarray = (U * np.sqrt(np.maximum(w, 0.0))) @ U.T
+    return out
 
 
 class KernelITML(_ITMLParams):
@@ -235,8 +252,9 @@ class KernelITML(_ITMLParams):
     other parameters : as `ITML`
     """
 
-    def __init__(self, *, kernel="linear", n_basis=300, basis=None, route="span",
-                 rank_rtol=1e-10, n_constraints=2000, max_iter=100, **kw):
+    def __init__(self, *, kernel: str = "linear", n_basis: int = 300,
+                 basis: ArrayLike | None = None, route: str = "span", rank_rtol: float = 1e-10,
+                 n_constraints: int = 2000, max_iter: int = 100, **kw: Any) -> None:
         super().__init__(n_constraints=n_constraints, max_iter=max_iter, **kw)
         self.kernel = kernel
         self.n_basis = n_basis
@@ -244,7 +262,7 @@ class KernelITML(_ITMLParams):
         self.route = route
         self.rank_rtol = rank_rtol
 
-    def _basis_index(self, N: int, rng) -> np.ndarray:
+    def _basis_index(self, N: int, rng: np.random.Generator) -> np.ndarray:
         if self.basis is not None:
             b = np.asarray(self.basis)
             if b.ndim != 1 or b.dtype.kind not in "iu" or len(b) == 0:
@@ -262,7 +280,8 @@ class KernelITML(_ITMLParams):
             )
         return np.sort(rng.choice(N, size=c, replace=False))
 
-    def fit(self, X, y=None, *, pairs=None, delta=None) -> KernelITML:
+    def fit(self, X: RowsLike, y: ArrayLike | None = None, *, pairs: ArrayLike | None = None,
+            delta: ArrayLike | None = None) -> KernelITML:
         pct = self._validate_params()
         if self.route not in ("span", "basis"):
             raise InputError(f"route={self.route!r}; choose 'span' or 'basis'")
@@ -275,9 +294,10 @@ class KernelITML(_ITMLParams):
         c = len(bidx)
         K0 = kern(basis, basis)
 
-        def sq_dist(A, B):
+        def sq_dist(A: Block, B: Block) -> np.ndarray:
             D = kern.diag(A)[:, None] + kern.diag(B)[None, :] - 2 * kern(A, B)
-            return np.maximum(D, 0.0)
+            out: np.ndarray = np.maximum(D, 0.0)
+            return out
 
         if self.route == "basis":
             yb = None if y is None else check_labels(y, N)[bidx]
@@ -290,8 +310,8 @@ class KernelITML(_ITMLParams):
                 np.ascontiguousarray(K0), S, K, pairs_[:, 0].copy(), pairs_[:, 1].copy(),
                 delta_, xi, float(self.gamma), int(self.max_iter), float(self.tol),
             )
-            self.K_ = K
-            self.W_ = None
+            self.K_: np.ndarray | None = K
+            self.W_: np.ndarray | None = None
         else:
             pairs_, delta_ = self._constraints(X, y, pairs, delta, sq_dist, rng)
             u, l = self._bounds(X, sq_dist, pct, rng)

@@ -7,10 +7,15 @@ plugs into the same interface.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
-from lshdist.blocks import SparseBlock
+from lshdist.blocks import Block, SparseBlock
 from lshdist.errors import InputError
+
+if TYPE_CHECKING:
+    from lshdist.protocols import Kernel
 
 
 class LinearKernel:
@@ -18,33 +23,37 @@ class LinearKernel:
 
     name = "linear"
 
-    def __call__(self, A, B) -> np.ndarray:
+    def __call__(self, A: Block, B: Block) -> np.ndarray:
         if isinstance(A, SparseBlock) != isinstance(B, SparseBlock):
             raise InputError("the kernel needs both blocks dense or both sparse")
         if isinstance(A, SparseBlock):
-            return A.dot_t(B)
-        return np.asarray(A, np.float64) @ np.asarray(B, np.float64).T
+            return A.dot_t(cast(SparseBlock, B))  # both sparse: checked above
+        out: np.ndarray = np.asarray(A, np.float64) @ np.asarray(B, np.float64).T
+        return out
 
-    def paired(self, A, B) -> np.ndarray:
+    def paired(self, A: Block, B: Block) -> np.ndarray:
         """``k(a_i, b_i)`` row by row: float64 (n,)."""
         if isinstance(A, SparseBlock):
-            common = np.union1d(A.features, B.features)
-            a, b = A.over(common), B.over(common)
+            Bs = cast(SparseBlock, B)  # the callers pair rows of one kind
+            common = np.union1d(A.features, Bs.features)
+            a, b = A.over(common), Bs.over(common)
             return np.asarray(a.multiply(b).sum(axis=1), dtype=np.float64).ravel()
-        A, B = np.asarray(A, np.float64), np.asarray(B, np.float64)
-        return np.einsum("ij,ij->i", A, B)
+        Af, Bf = np.asarray(A, np.float64), np.asarray(B, np.float64)
+        out: np.ndarray = np.einsum("ij,ij->i", Af, Bf)
+        return out
 
-    def diag(self, A) -> np.ndarray:
+    def diag(self, A: Block) -> np.ndarray:
         if isinstance(A, SparseBlock):
             return A.row_norms_sq()
-        A = np.asarray(A, np.float64)
-        return np.einsum("ij,ij->i", A, A)
+        Af = np.asarray(A, np.float64)
+        out: np.ndarray = np.einsum("ij,ij->i", Af, Af)
+        return out
 
 
 KERNELS = {"linear": LinearKernel}
 
 
-def get_kernel(name: str):
+def get_kernel(name: str) -> Kernel:
     """The kernel called ``name``."""
     try:
         return KERNELS[name]()

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from lshdist.blocks import SparseBlock, as_block, n_rows
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
 from lshdist.errors import InputError
 from lshdist.metric.kernels import get_kernel
 
 
-def _check_dense_dim(X, d: int) -> np.ndarray:
-    if isinstance(X, SparseBlock):
+def _check_dense_dim(X: RowsLike, d: int) -> np.ndarray:
+    Xd = as_block(X)  # a SparseBlock stays one; a scipy matrix becomes one
+    if isinstance(Xd, SparseBlock):
         raise InputError("this metric was learned on dense data, but sparse rows were given")
-    X = as_block(X)
-    if X.ndim != 2 or X.shape[1] != d:
+    if Xd.ndim != 2 or Xd.shape[1] != d:
         raise InputError(
-            f"X has {X.shape[-1] if X.ndim else 0} features, but the model was learned on {d}"
+            f"X has {Xd.shape[-1] if Xd.ndim else 0} features, but the model was learned on {d}"
         )
-    return X
+    return Xd
 
 
 def sq_euclidean(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -25,7 +25,8 @@ def sq_euclidean(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     A = np.asarray(A, np.float64)
     B = np.asarray(B, np.float64)
     D = np.einsum("ij,ij->i", A, A)[:, None] + np.einsum("ij,ij->i", B, B)[None, :] - 2 * A @ B.T
-    return np.maximum(D, 0.0)
+    out: np.ndarray = np.maximum(D, 0.0)
+    return out
 
 
 class ExplicitMetric:
@@ -46,7 +47,9 @@ class ExplicitMetric:
         A = np.asarray(A, np.float64)
         self.center = None if center is None else np.asarray(center, np.float32).ravel()
         if self.center is not None and self.center.shape != (A.shape[0],):
-            raise InputError(f"center has {self.center.shape[0]} entries, the metric d={A.shape[0]}")
+            raise InputError(
+                f"center has {self.center.shape[0]} entries, the metric d={A.shape[0]}"
+            )
         A = 0.5 * (A + A.T)
         self.A = A
         try:
@@ -65,24 +68,25 @@ class ExplicitMetric:
     def identity(cls, d: int, *, center: np.ndarray | None = None) -> ExplicitMetric:
         return cls(np.eye(d), center=center)
 
-    def check(self, X) -> np.ndarray:
+    def check(self, X: RowsLike) -> np.ndarray:
         return _check_dense_dim(X, self.d)
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X: RowsLike) -> np.ndarray:
         """``G x`` for every row: float32 (n, d).  L2 on these equals ``d_A``."""
-        X = self.check(X)
+        Xd = self.check(X)
         if self.is_identity:
-            return X
-        return np.ascontiguousarray((X.astype(np.float64) @ self.G.T).astype(np.float32))
+            return Xd
+        return np.ascontiguousarray((Xd.astype(np.float64) @ self.G.T).astype(np.float32))
 
-    def pairwise(self, X, Y) -> np.ndarray:
+    def pairwise(self, X: RowsLike, Y: RowsLike) -> np.ndarray:
         """``d_A(x_i, y_j)`` for all pairs: float64 (n_X, n_Y)."""
         return sq_euclidean(self.transform(X), self.transform(Y))
 
-    def similarity(self, X, Y) -> np.ndarray:
+    def similarity(self, X: RowsLike, Y: RowsLike) -> np.ndarray:
         """``s_A(x_i, y_j) = x_i^T A y_j``."""
-        X, Y = self.check(X).astype(np.float64), self.check(Y).astype(np.float64)
-        return X @ self.A @ Y.T
+        Xf, Yf = self.check(X).astype(np.float64), self.check(Y).astype(np.float64)
+        out: np.ndarray = Xf @ self.A @ Yf.T
+        return out
 
 
 class ImplicitMetric:
@@ -101,7 +105,7 @@ class ImplicitMetric:
 
     kind = "implicit"
 
-    def __init__(self, basis, S: np.ndarray, *, kernel: str = "linear", d: int):
+    def __init__(self, basis: RowsLike, S: np.ndarray, *, kernel: str = "linear", d: int):
         self.basis = as_block(basis)
         self.S = np.asarray(S, np.float64)
         self.kernel_name = kernel
@@ -113,47 +117,52 @@ class ImplicitMetric:
         self.is_identity = not self.S.any()
 
     @classmethod
-    def identity(cls, basis, *, kernel: str = "linear", d: int) -> ImplicitMetric:
+    def identity(cls, basis: RowsLike, *, kernel: str = "linear", d: int) -> ImplicitMetric:
         c = n_rows(basis)
         return cls(basis, np.zeros((c, c)), kernel=kernel, d=d)
 
-    def check(self, X):
-        X = as_block(X)
-        if isinstance(X, SparseBlock) != isinstance(self.basis, SparseBlock):
+    def check(self, X: RowsLike) -> Block:
+        B = as_block(X)
+        if isinstance(B, SparseBlock) != isinstance(self.basis, SparseBlock):
             raise InputError(
                 "the model was learned on "
                 + ("sparse" if isinstance(self.basis, SparseBlock) else "dense")
                 + " data; give rows of the same kind"
             )
-        if not isinstance(X, SparseBlock) and X.shape[1] != self.d:
-            raise InputError(f"X has {X.shape[1]} features, but the model was learned on {self.d}")
-        return X
+        if not isinstance(B, SparseBlock) and B.shape[1] != self.d:
+            raise InputError(f"X has {B.shape[1]} features, but the model was learned on {self.d}")
+        return B
 
-    def kernel_values(self, X) -> np.ndarray:
+    def kernel_values(self, X: RowsLike) -> np.ndarray:
         """``k_x = Phi^T phi(x)`` for every row: float64 (n, c)."""
         return self.kernel(self.check(X), self.basis)
 
-    def pairwise(self, X, Y) -> np.ndarray:
+    def pairwise(self, X: RowsLike, Y: RowsLike) -> np.ndarray:
         """``d_A(x_i, y_j)``: float64 (n_X, n_Y)."""
-        X, Y = self.check(X), self.check(Y)
-        base = self.kernel.diag(X)[:, None] + self.kernel.diag(Y)[None, :] - 2 * self.kernel(X, Y)
-        kx, ky = self.kernel(X, self.basis), self.kernel(Y, self.basis)
+        BX, BY = self.check(X), self.check(Y)
+        base = (self.kernel.diag(BX)[:, None] + self.kernel.diag(BY)[None, :]
+                - 2 * self.kernel(BX, BY))
+        kx, ky = self.kernel(BX, self.basis), self.kernel(BY, self.basis)
         Qx, Qy = kx @ self.Q, ky @ self.Q
         learned = (
             np.einsum("ij,ij->i", Qx, kx)[:, None]
             + np.einsum("ij,ij->i", Qy, ky)[None, :]
             - 2 * Qx @ ky.T
         )
-        return np.maximum(base + learned, 0.0)
+        out: np.ndarray = np.maximum(base + learned, 0.0)
+        return out
 
-    def similarity(self, X, Y) -> np.ndarray:
+    def similarity(self, X: RowsLike, Y: RowsLike) -> np.ndarray:
         """``s_A(x, y) = phi(x)^T A phi(y) = k(x, y) + k_x^T Q k_y``."""
-        X, Y = self.check(X), self.check(Y)
-        return self.kernel(X, Y) + self.kernel(X, self.basis) @ self.Q @ self.kernel(Y, self.basis).T
+        BX, BY = self.check(X), self.check(Y)
+        out: np.ndarray = (self.kernel(BX, BY)
+                           + self.kernel(BX, self.basis) @ self.Q @ self.kernel(BY, self.basis).T)
+        return out
 
     def explicit_G(self) -> np.ndarray:
         """``G = I + Phi S Phi^T`` as a d x d matrix (dense linear kernel only; for tests)."""
         if self.kernel_name != "linear" or isinstance(self.basis, SparseBlock):
             raise InputError("an explicit G exists only for the linear kernel on dense data")
         Phi = np.asarray(self.basis, np.float64).T
-        return np.eye(self.d) + Phi @ self.S @ Phi.T
+        G: np.ndarray = np.eye(self.d) + Phi @ self.S @ Phi.T
+        return G
