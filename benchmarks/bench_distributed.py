@@ -15,7 +15,8 @@ Stages, each the median of 3 runs after a warm-up, the two clusters alternated r
 - encode: the database encode alone, with the pipeline's own pieces -- one task per segment
   range that reads the rows (``Dataset.read_rows``) and runs ``searcher.encode(metric, family,
   X)`` with ``family_for(metric, bits=256, seed=0, learned=True)`` broadcast as build_index
-  does (``pipeline.broadcast_family``: one task loads the model and builds the family, then it is replicated);
+  does (``pipeline.broadcast_family``: one task loads the model and builds the family, then it
+  is replicated);
 - index: ``build_index`` (encode + PermutationIndex fit + segment write, one task per segment);
   build = index - encode;
 - query: ``query_index``;
@@ -367,9 +368,10 @@ def main():
             rows = sum(client.gather(futs))
             client.cancel([*futs, fam])
             t4 = time.perf_counter()
-            driver_steps[n].append({"read model.json": t1 - t0,
-                                    "broadcast_family (load + build on a worker, replicate)": t3 - t2,
-                                    "tasks (submit .. gather)": t4 - t3})
+            driver_steps[n].append({
+                "read model.json": t1 - t0,
+                "broadcast_family (load + build on a worker, replicate)": t3 - t2,
+                "tasks (submit .. gather)": t4 - t3})
             assert rows == N
             return rows
 
@@ -433,7 +435,7 @@ def main():
                         streams[(stage, n)].append(stream_stats(ts.data, w0, w1, n))
             print(f"{stage}: " + "; ".join(
                 f"{n} worker(s) median {statistics.median(times[(stage, n)]):.2f} s "
-                f"{['%.2f' % t for t in times[(stage, n)]]} (warm-up {warm[(stage, n)][0]:.2f} s)"
+                f"{[f'{t:.2f}' for t in times[(stage, n)]]} (warm-up {warm[(stage, n)][0]:.2f} s)"
                 for n in WORKERS), flush=True)
 
         # warm start-up: the same clusters once more, now on the numba cache the first wrote
@@ -545,7 +547,8 @@ def main():
                 "other s (sum)": sum(v for a, v in acts.items()
                                      if a not in ("compute", "transfer", "deserialize")),
                 "utilization": s.get("utilization"),
-                "per-worker compute s": ", ".join(f"{v:.2f}" for v in s.get("per-worker compute", [])),
+                "per-worker compute s": ", ".join(
+                    f"{v:.2f}" for v in s.get("per-worker compute", [])),
                 "tasks per worker (each run)": ", ".join(
                     x.get("split", "") for x in streams[(stage, n)]),
             })
@@ -644,7 +647,8 @@ def main():
         + f". The broadcast hash family pickles to {family_mb:.1f} MB (the metric's matrices "
         "travel inside it); Dask embeds it in the task graph of every call and warns "
         "'Sending large graph'.")
-    notes = analysis + [
+    notes = [
+        *analysis,
         f"Data: Fashion-MNIST {N:,} database x {Q:,} queries, {D}-d, raw pixels 0..255, k={K}. "
         "L2 metric = `ExplicitMetric.identity(784, center=Xtr.mean(0))` saved with `save_model`; "
         f"datasets written with `write_dataset` (shard_rows {TRAIN_SHARD:,} / {TEST_SHARD:,}) "
@@ -727,13 +731,13 @@ def analyse(speed_rows, prof_rows, ts_rows, prefix_rows, med, sm) -> list[str]:
     missed = [r for r in speed_rows if r[f"target >= {TARGET_SPEEDUP}"] == "NO"]
     hit = [r for r in speed_rows if r[f"target >= {TARGET_SPEEDUP}"] == "yes"]
     if hit:
-        out.append("Target met (>= %.1fx) for: %s." % (TARGET_SPEEDUP, "; ".join(
+        out.append("Target met (>= {:.1f}x) for: {}.".format(TARGET_SPEEDUP, "; ".join(
             f"{r['stage'].split(' (')[0].split(' =')[0]} {r['speed-up (ratio of medians)']:.2f}x"
             for r in hit)))
     if missed:
-        out.append("Target MISSED for: %s." % "; ".join(
+        out.append("Target MISSED for: {}.".format("; ".join(
             f"{r['stage'].split(' (')[0].split(' =')[0]} {r['speed-up (ratio of medians)']:.2f}x"
-            for r in missed))
+            for r in missed)))
     slow = prof_rows[-1]
     out.append(
         "In-task slowdown with 2 processes (instrumented build_segment, per task, 2 workers / 1): "
@@ -753,7 +757,8 @@ def analyse(speed_rows, prof_rows, ts_rows, prefix_rows, med, sm) -> list[str]:
             f"{r['transfer s (sum)']:.2f} s, deserialization {r['deserialize s (sum)']:.2f} s "
             f"(1 worker: {r1['transfer s (sum)']:.2f} / {r1['deserialize s (sum)']:.2f}); "
             f"driver time outside tasks {overhead:.2f} s (1 worker: "
-            f"{(r1['driver before 1st task s'] or 0) + (r1['driver after last task s'] or 0):.2f} s), "
+            f"{(r1['driver before 1st task s'] or 0) + (r1['driver after last task s'] or 0):.2f}"
+            " s), "
             f"serial in both; worker utilization within the task span "
             f"{r['utilization']:.0%} (1 worker: {r1['utilization']:.0%}); per-worker compute "
             f"{r['per-worker compute s']} s.")

@@ -37,7 +37,8 @@ BITS = 256
 SWEEP = [(120, 8, 600), (160, 4, 400), (160, 8, 600), (200, 8, 800), (160, 16, 1000)]
 BULK_FALSE_SETTING = (160, 8, 600)
 LSH_BITS = [256, 512, 1024, 2048]
-LSH_TRAINED_BITS = []  # e.g. [2048]: per-bit median thresholds (slow to train; off to stay < 10 min)
+#: e.g. [2048]: per-bit median thresholds (slow to train; off to stay < 10 min)
+LSH_TRAINED_BITS = []
 HNSW_M, HNSW_EFC = 16, 200
 HNSW_EFS = [10, 16, 32, 64]
 
@@ -46,7 +47,7 @@ def main():
     t_start = time.perf_counter()
     T = common.N_THREADS
     pinned = common.pin_threads(T)
-    Xtr, ytr, Xte, yte = load_fashion_mnist()  # honours LSHDIST_DATA_DIR
+    Xtr, _ytr, Xte, _yte = load_fashion_mnist()  # honours LSHDIST_DATA_DIR
     N, Q = len(Xtr), len(Xte)
     print(f"Fashion-MNIST database {Xtr.shape}, queries {Xte.shape}, k={K}, threads {pinned}")
 
@@ -64,25 +65,28 @@ def main():
 
     # ------------------------------------------------ lshdist: numba compile on a small warm-up
     # MetricIndex.fit gained n_threads in lshdist 468e2c1; pass it when the code in use has it
-    fit_kw = {"n_threads": T} if "n_threads" in inspect.signature(MetricIndex.fit).parameters else {}
+    fit_params = inspect.signature(MetricIndex.fit).parameters
+    fit_kw = {"n_threads": T} if "n_threads" in fit_params else {}
     met = ExplicitMetric.identity(Xtr.shape[1], center=Xtr.mean(0))
     small_db, small_q = Xtr[:2000], Xte[:20]
     t_c_fit, ix_small = common.once(
-        lambda: MetricIndex(met, bits=BITS, n_permutations=8, window=2, hamming_keep=50).fit(small_db, **fit_kw))
+        lambda: MetricIndex(met, bits=BITS, n_permutations=8, window=2,
+                            hamming_keep=50).fit(small_db, **fit_kw))
     t_c_q, _ = common.once(lambda: ix_small.query(small_q, K, n_threads=T))
     t_c_qb, _ = common.once(lambda: ix_small.query(small_q, K, n_threads=T, bulk=False))
     # the same three calls once more, now compiled: what is left is the work itself
     t_w_fit, ix_small = common.once(
-        lambda: MetricIndex(met, bits=BITS, n_permutations=8, window=2, hamming_keep=50).fit(small_db, **fit_kw))
+        lambda: MetricIndex(met, bits=BITS, n_permutations=8, window=2,
+                            hamming_keep=50).fit(small_db, **fit_kw))
     t_w_q, _ = common.once(lambda: ix_small.query(small_q, K, n_threads=T))
     t_w_qb, _ = common.once(lambda: ix_small.query(small_q, K, n_threads=T, bulk=False))
     compile_rows = [
-        {"stage": "fit (hash + sort), 2,000 rows", "first call s": t_c_fit, "second call s": t_w_fit,
-         "compile ≈ s": t_c_fit - t_w_fit},
+        {"stage": "fit (hash + sort), 2,000 rows", "first call s": t_c_fit,
+         "second call s": t_w_fit, "compile ≈ s": t_c_fit - t_w_fit},
         {"stage": "query bulk=True, 20 queries", "first call s": t_c_q, "second call s": t_w_q,
          "compile ≈ s": t_c_q - t_w_q},
-        {"stage": "query bulk=False (extra kernel)", "first call s": t_c_qb, "second call s": t_w_qb,
-         "compile ≈ s": t_c_qb - t_w_qb},
+        {"stage": "query bulk=False (extra kernel)", "first call s": t_c_qb,
+         "second call s": t_w_qb, "compile ≈ s": t_c_qb - t_w_qb},
         {"stage": "total", "first call s": t_c_fit + t_c_q + t_c_qb,
          "second call s": t_w_fit + t_w_q + t_w_qb,
          "compile ≈ s": (t_c_fit + t_c_q + t_c_qb) - (t_w_fit + t_w_q + t_w_qb)},
@@ -98,8 +102,8 @@ def main():
                                hamming_keep=H).fit(Xtr, **fit_kw)
 
         t_fit, ix, _ = common.timed_all(fit, REPEATS, WARMUP)
-        t_q, (dist, ids), runs_q = common.timed_all(lambda: ix.query(Xte, K, n_threads=T),
-                                                    REPEATS, WARMUP)
+        t_q, (_dist, ids), _runs_q = common.timed_all(
+            lambda ix=ix: ix.query(Xte, K, n_threads=T), REPEATS, WARMUP)
         rec = recall_at_k(ids, I_true, K)
         searched = float(ix.stats_["reranked"].mean() / N)
         distinct = float(ix.stats_["distinct"].mean())
@@ -122,9 +126,9 @@ def main():
     ixb.query(Xte, K, n_threads=T, bulk=False)  # warm-up
     tb, tt = [], []
     for _ in range(REPEATS):
-        t, (_, ids_b) = common.once(lambda: ixb.query(Xte, K, n_threads=T, bulk=False))
+        t, (_, ids_b) = common.once(lambda ixb=ixb: ixb.query(Xte, K, n_threads=T, bulk=False))
         tb.append(t)
-        tt.append(common.once(lambda: ixb.query(Xte, K, n_threads=T))[0])
+        tt.append(common.once(lambda ixb=ixb: ixb.query(Xte, K, n_threads=T))[0])
     t_qb, t_qt = float(np.median(tb)), float(np.median(tt))
     same = bool(np.array_equal(ids_b, ixb.query(Xte, K, n_threads=T)[1]))
     bulk_rows = [
@@ -136,7 +140,8 @@ def main():
          "recall@10": recall_at_k(ids_b, I_true, K),
          "same ids": "yes" if same else "NO"},
     ]
-    print(f"lshdist bulk=False query {t_qb:.2f} s vs bulk=True {t_qt:.2f} s (alternating); same ids {same}")
+    print(f"lshdist bulk=False query {t_qb:.2f} s vs bulk=True {t_qt:.2f} s (alternating); "
+          f"same ids {same}")
     del ixb
 
     # paired check: FAISS flat and the cheapest lshdist setting reaching the target, alternated
@@ -155,12 +160,15 @@ def main():
             tf, _ = common.once(flat)
             tl, _ = common.once(lsh_job)
             paired_rows.append({"pair": i + 1, "FAISS flat s": tf,
-                                f"lshdist M={M},W={W},H={H} fit+query s": tl, "flat / lshdist": tf / tl})
+                                f"lshdist M={M},W={W},H={H} fit+query s": tl,
+                                "flat / lshdist": tf / tl})
             print(f"paired {i + 1}: flat {tf:.2f} s, lshdist {tl:.2f} s, ratio {tf / tl:.2f}")
-        paired_rows.append({"pair": "median", "FAISS flat s": float(np.median([p["FAISS flat s"] for p in paired_rows])),
-                            f"lshdist M={M},W={W},H={H} fit+query s": float(np.median(
-                                [p[f"lshdist M={M},W={W},H={H} fit+query s"] for p in paired_rows])),
-                            "flat / lshdist": float(np.median([p["flat / lshdist"] for p in paired_rows]))})
+        lsh_key = f"lshdist M={M},W={W},H={H} fit+query s"
+        paired_rows.append({
+            "pair": "median",
+            "FAISS flat s": float(np.median([p["FAISS flat s"] for p in paired_rows])),
+            lsh_key: float(np.median([p[lsh_key] for p in paired_rows])),
+            "flat / lshdist": float(np.median([p["flat / lshdist"] for p in paired_rows]))})
     del fitted
 
     # ------------------------------------------------ FAISS IndexLSH (exhaustive Hamming)
@@ -174,7 +182,7 @@ def main():
             return ix
 
         t_b, ix, _ = common.timed_all(build, REPEATS, WARMUP)
-        t_q, (_, I), _ = common.timed_all(lambda: ix.search(Xte, K), REPEATS, WARMUP)
+        t_q, (_, I), _ = common.timed_all(lambda ix=ix: ix.search(Xte, K), REPEATS, WARMUP)
         rec = recall_at_k(I, I_true, K)
         lsh_rows.append({"nbits": nbits, "train_thresholds": trained, "recall@10": rec,
                          "build s": t_b, "query s": t_q, "total s": t_b + t_q,
@@ -239,8 +247,9 @@ def main():
         "time / the row's total; > 1 means faster than the exact scan.",
         "lshdist: `MetricIndex(ExplicitMetric.identity(784, center=Xtr.mean(0)), bits=256, "
         "n_permutations=M, window=W, hamming_keep=H)`; fit = hash 60,000 rows + build M sorted "
-        "lists (" + (f"`fit(Xtr, n_threads={T})`" if fit_kw else "single-threaded: this lshdist's fit "
-        "takes no thread count") + "); query = hash the 10,000 queries + "
+        "lists (" + (f"`fit(Xtr, n_threads={T})`" if fit_kw
+                     else "single-threaded: this lshdist's fit takes no thread count")
+        + "); query = hash the 10,000 queries + "
         f"window candidates + Hamming filter + exact re-rank, `n_threads={T}`. "
         "'% searched' = stats_['reranked'].mean() / 60,000.",
         "lshdist numba compile is measured on a cold cache (NUMBA_CACHE_DIR in a fresh temp "
@@ -250,9 +259,10 @@ def main():
         "hnswlib: smallest ef) whose recall@10 reaches 0.90.",
         "FAISS IndexLSH: `IndexLSH(784, nbits)` = random rotation, thresholds at 0 (hyperplanes "
         "through the origin; the pixels are all >= 0); `train_thresholds=True` rows, if any, train "
-        "per-bit median thresholds (training included in build time). Ranking is by Hamming distance "
-        "only, no exact re-rank.",
-        "hnswlib: space 'l2', random_seed=100; build time shared by all ef rows; total = build + query.",
+        "per-bit median thresholds (training included in build time). Ranking is by Hamming "
+        "distance only, no exact re-rank.",
+        "hnswlib: space 'l2', random_seed=100; build time shared by all ef rows; "
+        "total = build + query.",
         "bulk=True vs bulk=False: after one warm-up, 3 runs of each, alternating, on the same "
         "fitted index (medians); the sweep's own bulk=True median is shown beside it.",
         "Paired check: the cheapest lshdist setting reaching the target and the FAISS flat scan "
@@ -265,7 +275,8 @@ def main():
         f"Summary: first setting reaching recall@10 >= {TARGET} (k={K}, {T} threads)": summary,
         "lshdist MetricIndex sweep (bits=256)": sweep_rows,
         "lshdist query: bulk sort-merge vs per-query binary search": bulk_rows,
-        "Paired check: FAISS flat and lshdist alternated (no warm-up needed, all warm)": paired_rows,
+        "Paired check: FAISS flat and lshdist alternated (no warm-up needed, all warm)":
+            paired_rows,
         "FAISS IndexLSH (exhaustive Hamming, no re-rank)": lsh_rows,
         f"hnswlib (M={HNSW_M}, ef_construction={HNSW_EFC})": hnsw_rows,
         "lshdist numba compilation (reported apart, cold cache)": compile_rows,

@@ -55,7 +55,8 @@ def main():
     t_first, _ = common.once(fit_lsh)
     t_lsh, m_lsh, runs_lsh = common.timed_all(fit_lsh, repeats=REPEATS, warmup=0)
     print(f"lshdist ITML: first call {t_first:.2f} s (compile incl.), steady median {t_lsh:.3f} s "
-          f"{['%.3f' % t for t in runs_lsh['runs']]}; {m_lsh.n_iter_} passes, conv {m_lsh.conv_:.3g}")
+          f"{[f'{t:.3f}' for t in runs_lsh['runs']]}; {m_lsh.n_iter_} passes, "
+          f"conv {m_lsh.conv_:.3g}")
 
     # ---- metric-learn (pure numpy; a warm-up too, as the rules ask)
     def fit_ml():
@@ -63,7 +64,7 @@ def main():
                                  preprocessor=Xtr64).fit(pairs, delta, bounds=[u, l])
 
     t_ml, m_ml, runs_ml = common.timed_all(fit_ml, repeats=REPEATS, warmup=1)
-    print(f"metric-learn ITML: median {t_ml:.2f} s {['%.2f' % t for t in runs_ml['runs']]} "
+    print(f"metric-learn ITML: median {t_ml:.2f} s {[f'{t:.2f}' for t in runs_ml['runs']]} "
           f"(warm-up {runs_ml['warmup'][0]:.2f} s); n_iter_ {m_ml.n_iter_}")
     t_cal, _ = common.once(lambda: m_ml.calibrate_threshold(pairs, delta))
 
@@ -71,7 +72,8 @@ def main():
     A_ml = m_ml.get_mahalanobis_matrix()
     rel_fro = float(np.linalg.norm(A_lsh - A_ml) / np.linalg.norm(A_ml))
     ratio = t_ml / t_lsh
-    print(f"ratio metric-learn / lshdist = {ratio:.1f}x; ||A_lsh - A_ml||_F / ||A_ml||_F = {rel_fro:.3g}")
+    print(f"ratio metric-learn / lshdist = {ratio:.1f}x; "
+          f"||A_lsh - A_ml||_F / ||A_ml||_F = {rel_fro:.3g}")
 
     # ---- lshdist defaults: neighbour constraints, 10,000 pairs, bounds from its own sample
     def fit_default():
@@ -127,7 +129,8 @@ def main():
         "L2 distances among 200 random training rows (seed 1).",
         f"gamma={GAMMA}, tol={TOL}, max_iter={MAX_ITER}, prior identity. Neither learner met "
         f"tol within max_iter: lshdist stopped after {m_lsh.n_iter_} passes at conv "
-        f"{m_lsh.conv_:.3g}, metric-learn after {m_ml.n_iter_ + 1} passes." if m_lsh.conv_ >= TOL else
+        f"{m_lsh.conv_:.3g}, metric-learn after {m_ml.n_iter_ + 1} passes."
+        if m_lsh.conv_ >= TOL else
         f"gamma={GAMMA}, tol={TOL}, max_iter={MAX_ITER}, prior identity; lshdist converged in "
         f"{m_lsh.n_iter_} passes (conv {m_lsh.conv_:.3g}), metric-learn in {m_ml.n_iter_ + 1}.",
         "Times: median of 3 runs; metric-learn after 1 untimed warm-up; lshdist's first call "

@@ -213,7 +213,8 @@ def knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4), n_classes: int | None = None) ->
 def machine_info() -> dict:
     info = {
         "cpus_logical": os.cpu_count(),
-        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpus_available":
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

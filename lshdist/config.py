@@ -207,7 +207,8 @@ def _str_list() -> Rule:
     def check(v: Any) -> tuple[str, ...]:
         if isinstance(v, str):
             v = [v]
-        if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+        if (not isinstance(v, (list, tuple)) or not v
+                or not all(isinstance(x, str) and x for x in v)):
             raise _Bad(desc)
         return tuple(v)
 

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from lshdist.index.searcher import MetricIndex
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.validation import check_k
+
+if TYPE_CHECKING:
+    from lshdist.blocks import RowsLike
+    from lshdist.protocols import Metric
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,8 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     return float(np.mean(hits) / k)
 
 
-def baseline_metric(ml, X_train):
+def baseline_metric(ml: ExplicitMetric | ImplicitMetric, X_train: RowsLike
+                    ) -> ExplicitMetric | ImplicitMetric:
     """The unlearned metric beside a learned one: identity (centred like ``ml``'s hashes) for an
     explicit metric, ``S = 0`` over the same basis for an implicit one."""
     if isinstance(ml, ExplicitMetric):
@@ -64,12 +72,13 @@ class HashSettings:
     hamming_keep: int = 0
     seed: int = 0
     n_threads: int = 1
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4),
+def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: ArrayLike, *,
+             l2_metric: Metric, ml_metric: Metric, ks: Iterable[int] = (1, 4),
              settings: HashSettings | None = None, n_classes: int | None = None,
-             recall_k: int | None = None) -> list[dict]:
+             recall_k: int | None = None) -> list[dict[str, Any]]:
     """Records, one per setting and k (see module doc).
 
     ``l2_metric`` is the unlearned metric (identity), ``ml_metric`` the learned one; hashing
@@ -82,7 +91,7 @@ def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4
     y_test = np.asarray(y_test)
     n_classes = int(n_classes or max(y_train.max(), y_test.max()) + 1)
     N = len(y_train)
-    records = []
+    records: list[dict[str, Any]] = []
     for name, metric, learned in (("L2", l2_metric, False), ("ML", ml_metric, True)):
         t0 = time.perf_counter()
         ix = MetricIndex(metric, bits=settings.bits, n_permutations=settings.n_permutations,
@@ -109,8 +118,10 @@ def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4
                     "knn_accuracy": float((pred == y_test).mean()),
                     "recall_at_k": 1.0 if mode == "scan" else recall_at_k(ids, scan_ids, rk),
                     "recall_k": rk,
-                    "fraction_searched": 1.0 if mode == "scan" else float(stats["reranked"].mean() / N),
-                    "fraction_keys_compared": 0.0 if mode == "scan" else float(stats["distinct"].mean() / N),
+                    "fraction_searched":
+                        1.0 if mode == "scan" else float(stats["reranked"].mean() / N),
+                    "fraction_keys_compared":
+                        0.0 if mode == "scan" else float(stats["distinct"].mean() / N),
                     "speedup": 1.0 if mode == "scan" else float(t_scan / t_hash),
                     "seconds": float(secs),
                     "build_seconds": float(t_build),
@@ -123,9 +134,10 @@ def evaluate(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, ks=(1, 4
     return records
 
 
-def sweep(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, param: str, values,
+def sweep(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: ArrayLike, *,
+          l2_metric: Metric, ml_metric: Metric, param: str, values: Iterable[float],
           settings: HashSettings, k: int = 1, recall_k: int = 10,
-          n_classes: int | None = None) -> list[dict]:
+          n_classes: int | None = None) -> list[dict[str, Any]]:
     """Hashed search for every value of one parameter (``bits``, ``window``, ``epsilon`` or
     ``n_permutations``), L2 and ML: accuracy at ``k``, recall@``recall_k`` against the exact scan
     (computed once per metric), fraction searched.  The data of the paper's Fig. 2 plots."""
@@ -135,11 +147,12 @@ def sweep(X_train, y_train, X_test, y_test, *, l2_metric, ml_metric, param: str,
     n_classes = int(n_classes or max(y_train.max(), y_test.max()) + 1)
     kmax = max(k, recall_k)
     N = len(y_train)
-    out = []
+    out: list[dict[str, Any]] = []
     for name, metric, learned in (("L2", l2_metric, False), ("ML", ml_metric, True)):
         truth = None
         for v in values:
-            s = replace(settings, **{param: v})
+            change: dict[str, Any] = {param: v}  # a field of HashSettings, int or float
+            s = replace(settings, **change)
             if param == "epsilon":
                 s = replace(s, n_permutations=None)
             ix = MetricIndex(metric, bits=s.bits, n_permutations=s.n_permutations,

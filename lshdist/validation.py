@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import ArrayLike
 
 from lshdist.errors import InputError
 
+if TYPE_CHECKING:
+    from lshdist.blocks import RowsLike
 
-def check_numeric_matrix(X: ArrayLike, *, name: str = "X") -> np.ndarray:
+
+def check_numeric_matrix(X: RowsLike, *, name: str = "X") -> np.ndarray:
     """Return ``X`` as a 2-d float32 C-contiguous array, or raise a clear `InputError`.
 
     Checks: numeric dtype, two dimensions, at least one row and one column, no NaN or infinity

@@ -52,7 +52,7 @@ def test_flags_and_yaml_share_rules_and_defaults():
     yml = from_mapping(IndexConfig, {"bits": 64, "window": 2}, where="index")
     assert cli == yml and cli.given_ == yml.given_ == {"bits", "window"}
     assert IndexConfig().window == cli.__class__().window  # one default, in one place
-    with pytest.raises(InputError, match="learn.gamma: expected a number > 0, got -1"):
+    with pytest.raises(InputError, match=r"learn\.gamma: expected a number > 0, got -1"):
         from_mapping(LearnConfig, {"gamma": -1}, where="learn")
 
 

@@ -70,7 +70,7 @@ def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol):
     Av = np.empty(d)
     conv = np.inf
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the passes made are returned
         for c in range(n):
             for r in range(d):
                 s = 0.0
@@ -117,7 +117,7 @@ def itml_basis(K0, S, K, I, J, delta, xi, gamma, max_iter, tol):
     aK0 = np.empty(c)
     conv = np.inf
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the passes made are returned
         for t in range(n):
             i = I[t]
             j = J[t]

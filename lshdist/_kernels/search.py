@@ -24,7 +24,7 @@ def window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W):
     sorted_prefix : uint64 (M, N); sorted_rows : int64 (M, N); qprefix : uint64 (M, Q)
     Returns int64 (Q, M*2W), -1 where a window runs past an end of a list.
     """
-    M, N = sorted_prefix.shape
+    M = sorted_prefix.shape[0]
     Q = qprefix.shape[1]
     out = np.full((Q, M * 2 * W), -1, dtype=np.int64)
     for q in range(Q):

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from lshdist.errors import ClusterError, InputError
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def warm_kernels() -> bool:
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
-                timeout: float = 10.0):
+                timeout: float = 10.0) -> Iterator[Client]:
     """A ``distributed.Client``: on ``scheduler`` (``tcp://HOST:PORT``) or on a new
     LocalCluster of ``workers`` single-threaded worker processes (threads if not ``processes``).
     Workers warm the numba kernels before the job starts."""
@@ -71,7 +76,8 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
     else:
         # Nanny options: worker processes only (threads talk in-process, no sockets)
         extra = {"env": WORKER_ENV, "host": "127.0.0.1"} if processes else {}
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, **extra,
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                               **extra,
                                # loopback only: nothing listens on the machine's other
                                # addresses (the dashboard included)
                                dashboard_address="127.0.0.1:0",

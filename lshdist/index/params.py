@@ -15,7 +15,8 @@ def permutations_for(n: int, epsilon: float) -> int:
         raise InputError(f"N={n}: the database must hold at least one point")
     if not epsilon > 0:
         raise InputError(f"epsilon={epsilon}: epsilon must be > 0")
-    return int(math.ceil(2.0 * n ** (1.0 / (1.0 + epsilon))))
+    m: float = 2.0 * n ** (1.0 / (1.0 + epsilon))
+    return math.ceil(m)
 
 
 def collision_probability(angle: float) -> float:
@@ -34,10 +35,8 @@ def resolve_permutations(n: int, *, epsilon: float | None, permutations: int | N
     """M given directly, or from epsilon (at most one of them; neither: epsilon = 1)."""
     if epsilon is not None and permutations is not None:
         raise InputError("give epsilon or permutations (M), not both")
-    if epsilon is None and permutations is None:
-        epsilon = DEFAULT_EPSILON
     if permutations is not None:
         if permutations < 1:
             raise InputError(f"permutations={permutations}: M must be >= 1")
         return int(permutations)
-    return permutations_for(n, epsilon)
+    return permutations_for(n, DEFAULT_EPSILON if epsilon is None else epsilon)

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from lshdist._kernels.search import smallest_per_row
 from lshdist.validation import check_k
 
+if TYPE_CHECKING:
+    from lshdist.protocols import RerankPayload
+
+_P = TypeVar("_P", bound="RerankPayload")
+
 #: extra rows re-checked with the exact difference form after the BLAS expansion, so rounding
 #: in ``|x|^2 + |q|^2 - 2 x.q`` cannot reorder the true top-k
 _GUARD = 16
 
 
-def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block: int = 1024,
-              n_threads: int = 1):
+def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = None,
+              block: int = 1024, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of every query against every database row.
 
     Returns ``(distances float32 (Q, k), ids int64 (Q, k))``, ascending, ties by id (by row
@@ -27,7 +33,7 @@ def scan_topk(payload, qpayload, k: int, *, ids: np.ndarray | None = None, block
     kk = min(N, k + _GUARD)
     starts = list(range(0, Q, block))
 
-    def one(start):
+    def one(start: int) -> tuple[np.ndarray, np.ndarray]:
         stop = min(Q, start + block)
         qp = qpayload.take(slice(start, stop))
         cand = smallest_per_row(payload.distances(qp), kk, tiebreak)

@@ -16,7 +16,6 @@ from lshdist.config import (
     cli_type,
 )
 
-
 #: argparse types of options outside the config sections, with the config's own rules
 positive_int = cli_type(POSITIVE, "positive_int")
 non_negative_int = cli_type(NONNEG, "non_negative_int")

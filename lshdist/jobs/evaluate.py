@@ -22,7 +22,7 @@ KIND = "lshdist-evaluation"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "evaluate", help="L2/ML x scan/hash: k-NN accuracy, recall, %% searched, speed-up",
         description="Learn a metric on TRAIN (or load --model), index TRAIN, query with TEST, "
                     "and write DIR/summary.json plus PNG plots.")
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if y_train is None or y_test is None:
         raise InputError("evaluate needs labelled train and test datasets")
     if train.classes != test.classes:
-        raise InputError("train and test have different class lists; ingest them with the same labels")
+        raise InputError("train and test have different class lists; ingest them with the "
+                         "same labels")
     if args.model:
         ml, meta = load_model(args.model)
         learn_info = {"model": args.model, **meta.get("params", {})}
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(records: list[dict]) -> None:
+def _print_table(records: list[dict[str, Any]]) -> None:
     print(f"{'setting':<8} {'k':>3} {'accuracy':>9} {'recall':>7} {'%searched':>10} "
           f"{'speedup':>8} {'seconds':>8}")
     for r in records:

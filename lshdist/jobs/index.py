@@ -12,10 +12,11 @@ from lshdist.jobs.common import add_cluster_options, client_from_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("index", help="build (or --append to) a hashed index on Dask",
-                              description="Hash DATASET with MODEL's learned hash functions on "
-                                          "Dask workers; one permutation-sorted segment per run "
-                                          "of whole dataset shards.")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "index", help="build (or --append to) a hashed index on Dask",
+        description="Hash DATASET with MODEL's learned hash functions on "
+                    "Dask workers; one permutation-sorted segment per run "
+                    "of whole dataset shards.")
     p.add_argument("--data", required=True, metavar="DATASET", help="the dataset to index")
     p.add_argument("--model", required=True, metavar="MODEL",
                    help="the model whose hash functions and metric the index uses")

@@ -61,8 +61,9 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("learn", help="learn a Mahalanobis metric with ITML",
-                              description="Learn a metric from a labelled dataset; write MODEL.")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "learn", help="learn a Mahalanobis metric with ITML",
+        description="Learn a metric from a labelled dataset; write MODEL.")
     p.add_argument("--data", required=True, metavar="DATASET", help="labelled dataset")
     p.add_argument("--out", required=True, metavar="MODEL", help="model directory to write")
     p.add_argument("--overwrite", action="store_true",

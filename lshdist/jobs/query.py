@@ -12,9 +12,10 @@ from lshdist.jobs.common import add_cluster_options, client_from_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("query", help="answer a query dataset in bulk on Dask",
-                              description="k nearest neighbours of every row of QUERIES under the "
-                                          "index's learned metric; Parquet parts in RESULTS.")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "query", help="answer a query dataset in bulk on Dask",
+        description="k nearest neighbours of every row of QUERIES under the "
+                    "index's learned metric; Parquet parts in RESULTS.")
     p.add_argument("--index", required=True, metavar="INDEX", help="an index from `lshdist index`")
     p.add_argument("--queries", required=True, metavar="DATASET", help="the query rows")
     p.add_argument("--out", required=True, metavar="RESULTS", help="the results directory")

@@ -92,8 +92,9 @@ def evaluate_results(results: Path, train: Dataset, test: Dataset, ks: list[int]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("run", help="the whole pipeline from one YAML config",
-                              description=(__doc__ or "").split("\n\n")[0])
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "run", help="the whole pipeline from one YAML config",
+        description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("config", metavar="CONFIG", help="a YAML job file (examples in configs/)")
     p.add_argument("--fresh", action="store_true",
                    help="redo every stage (default: reuse datasets and model in workdir); "
@@ -194,6 +195,7 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     s = HashSettings(bits=ic.bits, n_permutations=ic.permutations, epsilon=ic.epsilon,
                      window=ic.window, hamming_keep=ic.hamming_keep, seed=ic.seed)
     ytr, yte = train.labels(), test.labels()
+    assert ytr is not None and yte is not None  # `run` refuses unlabelled data before this
     common: dict[str, Any] = dict(l2_metric=l2, ml_metric=ml, settings=s,
                                   k=min(cfg.evaluate.ks), recall_k=cfg.evaluate.recall_k,
                                   n_classes=len(train.classes or []))

@@ -177,7 +177,7 @@ class ITML(_ITMLParams):
             )
         return A0
 
-    def fit(self, X: ArrayLike, y: ArrayLike | None = None, *, pairs: ArrayLike | None = None,
+    def fit(self, X: RowsLike, y: ArrayLike | None = None, *, pairs: ArrayLike | None = None,
             delta: ArrayLike | None = None) -> ITML:
         """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1)."""
         pct = self._validate_params()

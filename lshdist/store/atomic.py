@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -70,7 +73,8 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
             f"output {str(p)!r} already exists; choose another path or pass --overwrite")
     found = artefact_kind(p) if p.is_dir() and not p.is_symlink() else None
     if found is None or (kind is not None and found != kind):
-        what = f"an lshdist {found.removeprefix('lshdist-')}" if found else "not an lshdist artefact"
+        what = (f"an lshdist {found.removeprefix('lshdist-')}" if found
+                else "not an lshdist artefact")
         want = f"an lshdist {kind.removeprefix('lshdist-')}" if kind else "an lshdist artefact"
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes {want}; "
@@ -95,6 +99,49 @@ def os_error(exc: OSError, path: str | os.PathLike[str]) -> InputError:
                       "path, then run the job again")
 
 
+def _aside(path: Path, what: str) -> Path:
+    """``.NAME.tmp-*`` / ``.NAME.old-*`` beside ``path``: 8 hex digits of this host, 8 of this
+    pid, 12 random (all hex, so `lshdist.store.index.list_orphans` matches them too)."""
+    owner = f"{_host_tag()}{os.getpid():08x}"
+    return path.parent / f".{path.name}.{what}-{owner}{uuid.uuid4().hex[:12]}"
+
+
+def _host_tag() -> str:
+    return hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings of ``path`` that `atomic_dir` of a
+    process of this host left when it died (killed mid-write); returns what was removed.
+
+    Only names `_aside` makes for this very ``NAME`` are touched, and only when their owner pid
+    is gone: a live process (or a reused pid), another host's or an older-style name is kept.
+    """
+    p = Path(path)
+    pattern = re.compile(re.escape(f".{p.name}.") + r"(?:tmp|old)-([0-9a-f]{8})([0-9a-f]{8})"
+                         r"[0-9a-f]{12}")
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for q in p.parent.iterdir():
+            m = pattern.fullmatch(q.name)
+            if not m or m[1] != _host_tag() or int(m[2], 16) in (0, os.getpid()):
+                continue
+            try:
+                os.kill(int(m[2], 16), 0)
+                continue  # alive (or a reused pid): keep
+            except ProcessLookupError:
+                pass
+            except (PermissionError, OverflowError, ValueError):
+                continue
+            if q.is_dir() and not q.is_symlink():
+                shutil.rmtree(q, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    q.unlink()
+            removed.append(q)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
                kind: str | None = None,
@@ -108,7 +155,8 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
     """
     inputs = tuple(inputs)
     path = check_output(path, overwrite, kind=kind, inputs=inputs)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    remove_stale_temps(path)  # what a killed earlier run of this job left beside it
+    tmp = _aside(path, "tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -118,7 +166,7 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
         yield tmp
         if path.exists():
             check_output(path, overwrite, kind=kind, inputs=inputs)  # still ours to replace
-            trash = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+            trash = _aside(path, "old")
             os.rename(path, trash)
             os.rename(tmp, path)
             shutil.rmtree(trash, ignore_errors=True)
@@ -134,7 +182,7 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write a small text file by rename (a reader sees the old or the new file, whole)."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp = _aside(path, "tmp")
     try:
         with open(tmp, "w") as f:
             f.write(text)

@@ -56,8 +56,8 @@ def write_part(out_dir: str | os.PathLike[str], chunk: int, query_ids: np.ndarra
     }, schema=NEIGHBORS_SCHEMA)
     root = Path(out_dir)
     pq.write_table(table, root / "neighbors" / part_name(chunk))
-    stats = pa.table({"query_id": np.asarray(query_ids, np.int64),
-                      "candidates": np.minimum(candidates, np.iinfo(np.int32).max).astype(np.int32)},
+    capped = np.minimum(candidates, np.iinfo(np.int32).max).astype(np.int32)
+    stats = pa.table({"query_id": np.asarray(query_ids, np.int64), "candidates": capped},
                      schema=STATS_SCHEMA)
     pq.write_table(stats, root / "stats" / part_name(chunk))
     return int(Q)

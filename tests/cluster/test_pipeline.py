@@ -1,5 +1,6 @@
 """Distributed index and query (issue 5): same results everywhere, failures contained."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -44,7 +45,8 @@ def Q(k=5, mode="hash", query_chunk=5000):
 
 
 def run_job(client, job, out, data="train-a", mode="hash"):
-    build_index(client, data=str(job / data), model=str(job / "model"), out=str(out / "idx"), cfg=INDEX)
+    build_index(client, data=str(job / data), model=str(job / "model"), out=str(out / "idx"),
+                cfg=INDEX)
     query_index(client, index=str(out / "idx"), queries=str(job / "queries"),
                 out=str(out / "res"), cfg=Q(mode=mode, query_chunk=1500))
     return read_results(out / "res")
@@ -63,11 +65,12 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     metric, _ = load_model(letter_job / "model")
     assert reference["query_id"].min() == 16000 and len(reference["query_id"]) == 4000
     ix = MetricIndex(metric, bits=64, n_permutations=30, window=4).fit(letter.X_train[:4000])
-    d, ids = ix.query(letter.X_test, 5)
+    _d, _ids = ix.query(letter.X_test, 5)
     tmp = Path(letter_job / "one-seg")
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
-                    out=str(tmp / "idx"), cfg=IndexConfig(bits=64, permutations=30, window=4, segment_rows=8000))
+                    out=str(tmp / "idx"),
+                    cfg=IndexConfig(bits=64, permutations=30, window=4, segment_rows=8000))
         query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"),
                     out=str(tmp / "res"), cfg=Q())
     r = read_results(tmp / "res")
@@ -133,10 +136,8 @@ def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
             while time.time() < deadline:
                 if list(tmp_path.glob(".res.tmp-*/neighbors/*.parquet")):
                     w = sorted(client.scheduler_info()["workers"])[0]
-                    try:
+                    with contextlib.suppress(Exception):  # the worker dies while answering
                         client.run(os._exit, 1, workers=[w])
-                    except Exception:  # the worker dies while answering
-                        pass
                     killed.append(w)
                     return
                 time.sleep(0.01)
@@ -234,7 +235,8 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     assert "has 15 features, but the model was learned on 16" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     # unreachable scheduler
-    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
+    assert main(["query", "--index", str(tmp_path / "idx"),
+                 "--queries", str(letter_job / "queries"),
                  "--out", str(tmp_path / "r"), "--scheduler", "tcp://127.0.0.1:9",
                  "--connect-timeout", "1"]) == 2
     assert "could not reach the Dask scheduler at 'tcp://127.0.0.1:9'" in capsys.readouterr().err
@@ -251,7 +253,8 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     m["model"] = str(other)
     write_manifest(tmp_path / "idx", m)  # a consistent manifest naming another model
     save_model(other, ExplicitMetric.identity(16), overwrite=True)
-    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(letter_job / "queries"),
+    assert main(["query", "--index", str(tmp_path / "idx"),
+                 "--queries", str(letter_job / "queries"),
                  "--out", str(tmp_path / "r"), *base]) == 2
     assert "does not match index" in capsys.readouterr().err
     assert main(["index", "--data", str(letter_job / "first"), "--model", str(other),
@@ -259,7 +262,8 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     assert "was built with another model" in capsys.readouterr().err
     # not an index
     (tmp_path / "plain").mkdir()
-    assert main(["query", "--index", str(tmp_path / "plain"), "--queries", str(letter_job / "queries"),
+    assert main(["query", "--index", str(tmp_path / "plain"),
+                 "--queries", str(letter_job / "queries"),
                  "--out", str(tmp_path / "r"), *base]) == 2
     assert "is not an lshdist index (no index.json)" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
@@ -293,7 +297,8 @@ def test_append_conflicts_and_unsafe_outputs_exit_2_writing_nothing(letter_job, 
     assert main(["index", "--data", str(letter_job / "first"), "--model",
                  str(letter_job / "model"), "--out", str(letter_job / "queries"),
                  "--overwrite", *base]) == 2
-    assert "it is an lshdist dataset, and this job writes an lshdist index" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "it is an lshdist dataset, and this job writes an lshdist index" in err
     assert {p: p.stat().st_mtime_ns for p in idx.rglob("*")} == before
     # the same parameters given explicitly are no conflict
     assert main(["index", *common, "--bits", "64"]) == 0
