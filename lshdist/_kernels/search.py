@@ -229,3 +229,52 @@ def smallest_per_row(D, kk, keys):
             idx[t] = j
         out[q] = np.sort(idx)
     return out
+
+
+@njit(cache=True, nogil=True)
+def candidate_recall(cand, codes, qcodes, truth, qself, keeps):
+    """Hits and re-ranked rows of every Hamming cut at once (calibration).
+
+    For each query: its distinct candidates (``cand`` row, -1 ignored, in discovery order),
+    ordered by Hamming distance of the full keys, ties in discovery order — the order in which
+    `collect_candidates` keeps them — then for each ``keeps[j]`` (0: all) the number of the
+    first ``keeps[j]`` that are in ``truth[q]`` (true neighbours, -1 padded) and how many are
+    not the query's own row ``qself[q]``.
+
+    Returns hits int64 (len(keeps),), reranked int64 (len(keeps),) summed over queries.
+    """
+    Q, T = cand.shape
+    N = codes.shape[0]
+    nk = keeps.shape[0]
+    mark = np.full(N, -1, dtype=np.int64)
+    good = np.full(N, -1, dtype=np.int64)
+    buf = np.empty(T, dtype=np.int64)
+    ham = np.empty(T, dtype=np.int64)
+    hits = np.zeros(nk, dtype=np.int64)
+    reranked = np.zeros(nk, dtype=np.int64)
+    for q in range(Q):
+        for t in range(truth.shape[1]):
+            if truth[q, t] >= 0:
+                good[truth[q, t]] = q
+        n = 0
+        for t in range(T):
+            v = cand[q, t]
+            if v >= 0 and mark[v] != q:
+                mark[v] = q
+                buf[n] = v
+                ham[n] = hamming(codes[v], qcodes[q])
+                n += 1
+        order = np.argsort(ham[:n], kind="mergesort")  # stable: ties in discovery order
+        for j in range(nk):
+            lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
+            h = 0
+            s = 0
+            for t in range(lim):
+                r = buf[order[t]]
+                if good[r] == q:
+                    h += 1
+                if r == qself[q]:
+                    s += 1
+            hits[j] += h
+            reranked[j] += lim - s
+    return hits, reranked

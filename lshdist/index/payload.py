@@ -42,6 +42,11 @@ class DensePayload:
         Z = _check_array(a["Z"], "Z", np.float32, 2)
         return cls(Z)
 
+    @property
+    def width(self) -> float:
+        """Numbers per row an exact distance reads (for the calibration's cost model)."""
+        return float(self.Z.shape[1])
+
     def take(self, rows) -> DensePayload:
         return DensePayload(self.Z[rows])
 
@@ -117,6 +122,13 @@ class KernelPayload:
                              f"{indptr[0]} .. {indptr[-1]}"
                              f"{'' if np.all(np.diff(indptr) >= 0) else ' (descending steps)'}")
         return cls(indptr, indices, data, kx, sx)
+
+    @property
+    def width(self) -> float:
+        """Numbers per row an exact distance reads: nonzeros on average, plus c kernel values."""
+        n = max(len(self), 1)
+        return float(self.indptr[-1] - self.indptr[0]) / n + float(
+            self.kx.shape[1] if self.kx.ndim == 2 else 0)
 
     def take(self, rows: slice) -> KernelPayload:
         """Contiguous rows (a slice with step 1)."""

@@ -237,24 +237,51 @@ class PermutationIndex:
                 "this PermutationIndex is not fitted; call fit(codes, bits, payload)")
         return self
 
-    def candidates(self, qcodes: np.ndarray, *, bulk: bool = True) -> np.ndarray:
-        """Raw window candidates, int64 (Q, 2 M W) rows, -1 past a list's ends.
+    def candidates(self, qcodes: np.ndarray, *, bulk: bool = True,
+                   n_permutations: int | None = None, window: int | None = None) -> np.ndarray:
+        """Raw window candidates, int64 (Q, 2 M W) rows, -1 past a list's ends: per list, the
+        W entries left of the query's position, then the W from it on.
 
         ``bulk`` uses the sort-merge join; otherwise one binary search per query and list.
-        Both return the same array.
+        Both return the same array.  ``n_permutations`` (M' <= M: the first M' lists) and
+        ``window`` override the fitted values for this call (an operating point).
         """
         self._fitted()
         qcodes = check_codes(qcodes, self.bits_, name="query codes")
-        qprefix = permutation_prefixes(qcodes, self.positions_)
-        W = int(self.window)
+        M = self._lists(n_permutations)
+        qprefix = permutation_prefixes(qcodes, self.positions_[:M])
+        W = int(self.window if window is None else window)
+        if W < 1:
+            raise InputError(f"window={W}: W must be >= 1")
+        sp, sr = self.sorted_prefix_[:M], self.sorted_rows_[:M]
         if bulk:
             qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
-            return window_candidates_merge(self.sorted_prefix_, self.sorted_rows_, qprefix,
-                                           qorder, W)
-        return window_candidates_bsearch(self.sorted_prefix_, self.sorted_rows_, qprefix, W)
+            return window_candidates_merge(sp, sr, qprefix, qorder, W)
+        return window_candidates_bsearch(sp, sr, qprefix, W)
+
+    def _lists(self, n_permutations: int | None) -> int:
+        M = self.n_permutations_
+        if n_permutations is None:
+            return M
+        if not 1 <= n_permutations <= M:
+            raise InputError(f"n_permutations={n_permutations}: this index has {M} lists; "
+                             f"use 1..{M}")
+        return int(n_permutations)
+
+    def truncated(self, n_permutations: int) -> PermutationIndex:
+        """The same index with only its first ``n_permutations`` lists (nested builds: the
+        first M' lists of an M-list build are an M'-list build)."""
+        M = self._lists(n_permutations)
+        out = PermutationIndex(n_permutations=M, window=self.window,
+                               hamming_keep=self.hamming_keep, seed=self.seed)
+        out._set_state(bits=self.bits_, codes=self.codes_, positions=self.positions_[:M],
+                       sorted_prefix=self.sorted_prefix_[:M], sorted_rows=self.sorted_rows_[:M],
+                       payload=self.payload_, ids=self.ids_)
+        return out
 
     def search(self, qcodes: np.ndarray, qpayload, k: int, *, bulk: bool = True,
-               n_threads: int = 1):
+               n_threads: int = 1, n_permutations: int | None = None,
+               window: int | None = None, hamming_keep: int | None = None):
         """Top-k by the exact learned distance among the candidates.
 
         Returns
@@ -263,17 +290,24 @@ class PermutationIndex:
         ids : int64 (Q, k) (-1 where fewer than k candidates)
         stats : dict with int64 (Q,) arrays ``distinct`` (distinct candidates) and
             ``reranked`` (candidates whose exact distance was computed)
+
+        ``n_permutations``, ``window`` and ``hamming_keep`` override the fitted values for this
+        call (an operating point chosen by calibration).
         """
         k = check_k(k)
         self._fitted()
+        op = (self._lists(n_permutations), self.window if window is None else int(window),
+              self.hamming_keep if hamming_keep is None else int(hamming_keep))
+        if op[2] < 0:
+            raise InputError(f"hamming_keep={op[2]}: must be >= 0")
         Q = qcodes.shape[0]
         parts = _split(Q, n_threads)
         if len(parts) <= 1:
-            results = [self._search_part(qcodes, qpayload, k, bulk, 0, Q)]
+            results = [self._search_part(qcodes, qpayload, k, bulk, 0, Q, op)]
         else:
             with ThreadPoolExecutor(len(parts)) as pool:
                 results = list(pool.map(
-                    lambda p: self._search_part(qcodes, qpayload, k, bulk, *p), parts))
+                    lambda p: self._search_part(qcodes, qpayload, k, bulk, *p, op), parts))
         dist = np.concatenate([r[0] for r in results])
         rows = np.concatenate([r[1] for r in results])
         ids = np.where(rows >= 0, self.ids_[np.maximum(rows, 0)], -1)
@@ -281,10 +315,11 @@ class PermutationIndex:
                  "reranked": np.concatenate([r[3] for r in results])}
         return dist, ids, stats
 
-    def _search_part(self, qcodes, qpayload, k, bulk, lo, hi):
+    def _search_part(self, qcodes, qpayload, k, bulk, lo, hi, op):
         qc = qcodes[lo:hi]
-        cand = self.candidates(qc, bulk=bulk)
-        offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(self.hamming_keep))
+        M, W, H = op
+        cand = self.candidates(qc, bulk=bulk, n_permutations=M, window=W)
+        offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(H))
         qp = qpayload.take(slice(lo, hi)) if (lo, hi) != (0, len(qpayload)) else qpayload
         dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
         return dist, top, distinct, np.diff(offsets)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lshdist.blocks import RowsLike, as_block
+from lshdist.blocks import RowsLike, as_block, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
+from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
+from lshdist.index.params import resolve_permutations
 from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
@@ -19,6 +23,7 @@ if TYPE_CHECKING:
     from lshdist.protocols import Metric, RerankPayload
 
 MODES = ("hash", "scan")
+log = logging.getLogger(__name__)
 
 
 def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = False
@@ -37,25 +42,66 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
 
 
 def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int, *,
-           mode: str,
-           bulk: bool = True, n_threads: int = 1
+           mode: str, bulk: bool = True, n_threads: int = 1,
+           n_permutations: int | None = None, window: int | None = None,
+           hamming_keep: int | None = None
            ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Top-k of encoded queries against one fitted `PermutationIndex`, hashed or by exact scan:
     ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
-    distances computed per query.  The one place the modes are dispatched."""
+    distances computed per query.  ``n_permutations``/``window``/``hamming_keep``: the
+    operating point of a hashed search (default: the index's).  The one place the modes are
+    dispatched."""
     if mode == "scan":
         dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
     if mode != "hash":
         raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
     found: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] = index.search(
-        qcodes, qpayload, k, bulk=bulk, n_threads=n_threads)
+        qcodes, qpayload, k, bulk=bulk, n_threads=n_threads, n_permutations=n_permutations,
+        window=window, hamming_keep=hamming_keep)
     return found
 
 
 def permutation_seed(seed: int) -> int:
     """The permutations' seed, distinct from the hash coefficients' seed."""
     return int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
+
+
+#: lists built for calibration when neither M nor epsilon is given (the first M' <= this
+#: are tried; Fashion-MNIST needs 64-128 at recall 0.9, Letter 16)
+CALIBRATION_PERMUTATIONS = 128
+
+
+def calibrated_lists(n: int, *, n_permutations: int | None, epsilon: float | None) -> int:
+    """Lists to build for calibration: M or M(epsilon) when given, else
+    `CALIBRATION_PERMUTATIONS` (at most what epsilon=1 would give for ``n`` rows: a tiny
+    database needs no more)."""
+    if n_permutations is not None or epsilon is not None:
+        return resolve_permutations(n, epsilon=epsilon, permutations=n_permutations)
+    return min(CALIBRATION_PERMUTATIONS, max(8, resolve_permutations(n, epsilon=1.0,
+                                                                     permutations=None)))
+
+
+def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily, X: RowsLike,
+                    *, k: int, target: float, seed: int, fixed: dict[str, int | None]
+                    ) -> Calibration:
+    """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
+    (leave-one-out), the parameters in ``fixed`` (not None) kept as given."""
+    n = len(index)
+    qrows = sample_rows(n, SAMPLE_QUERIES, seed)
+    Xq = take_rows(as_block(X), qrows)
+    qcodes, qpayload = encode(metric, family, Xq, query=True)
+    # hashing a query is work the hashed search does and the scan does not (the payload,
+    # with any kernel values, serves both)
+    t0 = time.perf_counter()
+    if not isinstance(family, LearnedImplicit):
+        family.hash(Xq)
+    hash_overhead = (time.perf_counter() - t0) / len(qrows)
+    m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
+    return calibrate(index, qrows, qcodes, qpayload, k=k, target=target,
+                     permutations=None if m is None else [m],
+                     windows=None if w is None else [w],
+                     hamming_keeps=None if h is None else [h], hash_overhead=hash_overhead)
 
 
 class MetricIndex:
@@ -65,14 +111,22 @@ class MetricIndex:
     ----------
     metric : `ExplicitMetric` or `ImplicitMetric` (identity ones give the L2 baselines)
     bits : b, key length
-    n_permutations, epsilon, window, hamming_keep : see `PermutationIndex`
+    n_permutations, epsilon, window, hamming_keep : see `PermutationIndex`; with a
+        ``target_recall`` the ones left None are chosen by calibration
     learned : learned hash functions (True) or Charikar's baseline (False)
     seed : seeds the hash coefficients and the permutations
+    target_recall : recall@``calibration_k`` against the exact scan to calibrate for (None:
+        no calibration; W defaults to 1 and H to 0)
+    calibration_k : the k of that recall
+
+    After ``fit`` with a target: ``calibration_`` (`Calibration`), and ``query(mode="auto")``
+    answers with the chosen operating point, or by the exact scan where it is no slower.
     """
 
     def __init__(self, metric: Metric, *, bits: int = 256, n_permutations: int | None = None,
-                 epsilon: float | None = None, window: int = 1, hamming_keep: int = 0,
-                 learned: bool = True, seed: int = 0) -> None:
+                 epsilon: float | None = None, window: int | None = None,
+                 hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
+                 target_recall: float | None = None, calibration_k: int = 10) -> None:
         self.metric = metric
         self.bits = bits
         self.n_permutations = n_permutations
@@ -81,29 +135,61 @@ class MetricIndex:
         self.hamming_keep = hamming_keep
         self.learned = learned
         self.seed = seed
+        self.target_recall = target_recall
+        self.calibration_k = calibration_k
 
     def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
             ) -> MetricIndex:
         self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed,
                                   learned=self.learned)
         codes, payload = encode(self.metric, self.family_, X)
+        lists = self.n_permutations
+        if self.target_recall is not None:
+            lists = calibrated_lists(len(codes), n_permutations=self.n_permutations,
+                                     epsilon=self.epsilon)
         self.index_ = PermutationIndex(
-            n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
-            hamming_keep=self.hamming_keep, seed=permutation_seed(self.seed),
+            n_permutations=lists, epsilon=None if lists else self.epsilon,
+            window=1 if self.window is None else self.window,
+            hamming_keep=0 if self.hamming_keep is None else self.hamming_keep,
+            seed=permutation_seed(self.seed),
         ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
+        self.calibration_: Calibration | None = None
+        self.mode_ = "hash"
+        if self.target_recall is not None:
+            cal = calibrate_index(self.index_, self.metric, self.family_, X,
+                                  k=self.calibration_k, target=self.target_recall,
+                                  seed=self.seed, fixed={"permutations": lists if (
+                                      self.n_permutations or self.epsilon) else None,
+                                      "window": self.window, "hamming_keep": self.hamming_keep})
+            self.calibration_ = cal
+            self.set_operating_point(cal.mode, cal.chosen)
+            log.info("calibration (%.1fs): %s — %s", cal.seconds, cal.mode, cal.reason)
         return self
 
-    def query(self, Xq: RowsLike, k: int, *, mode: str = "hash", bulk: bool = True,
+    def set_operating_point(self, mode: str, point: Point | None) -> None:
+        """Answer ``mode="auto"`` queries with ``mode`` at ``point`` (M, W, H)."""
+        self.mode_ = mode
+        if point is not None:
+            self.index_.window = point.window
+            self.index_.hamming_keep = point.hamming_keep
+            self.op_permutations_ = point.permutations
+
+    def query(self, Xq: RowsLike, k: int, *, mode: str = "auto", bulk: bool = True,
               n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """``(distances, ids)``, each (Q, k), ascending.  ``self.stats_`` holds per-query
-        candidate counts of the last hashed query."""
+        """``(distances, ids)``, each (Q, k), ascending.  ``mode``: ``"hash"``, ``"scan"``, or
+        ``"auto"`` (the calibrated choice; hashed without calibration).  ``self.stats_`` holds
+        per-query candidate counts of the last hashed query; ``self.last_mode_`` the mode used."""
         if not hasattr(self, "index_"):
             raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
-        if mode not in MODES:
-            raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+        if mode not in (*MODES, "auto"):
+            raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
+        if mode == "auto":
+            mode = self.mode_
+        self.last_mode_ = mode
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
         dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
-                                  n_threads=n_threads)
+                                  n_threads=n_threads,
+                                  n_permutations=getattr(self, "op_permutations_", None))
         if mode == "hash":
             self.stats_ = stats
         return dist, ids

@@ -1,0 +1,262 @@
+"""Operating points from a recall target: calibration of a `PermutationIndex` (issue 10).
+
+A fitted index with M_max lists is a family of indexes: its first M' lists are an M'-list
+build (nested permutations), and any window W' <= W_max and Hamming cut H are query-time
+choices.  Calibration measures, on a sample of the database's own rows used as queries
+(leave-one-out: a query's own row counts neither as a neighbour nor as a hit):
+
+* for every (M', W', H) of a grid, recall@k against the exact scan and the fraction of the
+  database re-ranked — exactly, from one candidate array of the largest window: the candidates
+  of (M', W') are a slice of it, and the real candidate collection kernel applies H;
+* the time per query of the real search at the point chosen, and of the exact scan over the
+  same database, in the same process.
+
+`choose_point` (pure, deterministic) picks the cheapest point at the target by an operation
+count (`Point.cost`); `decide_mode` keeps the scan when no point reaches the target or the scan
+is no slower than the chosen point's measured time.  The result is a `Calibration`, stored in
+the index manifest and printed by ``lshdist info``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lshdist._kernels.search import candidate_recall
+from lshdist.errors import FormatError, InputError
+from lshdist.index.permutation import PermutationIndex
+from lshdist.index.scan import scan_topk
+
+log = logging.getLogger(__name__)
+
+#: the hashed search must be at least this much faster than the scan to be chosen (timing
+#: noise on a shared machine; a user is never handed a search slower than the scan)
+SCAN_MARGIN = 0.9
+#: queries of the calibration sample (recall's standard error ~ sqrt(r(1-r)/(k*n)): 0.007
+#: at r=0.9, k=10; the exact truth costs n/N of a full scan)
+SAMPLE_QUERIES = 200
+#: queries of the timed searches (the chosen point and the scan)
+TIMED_QUERIES = 200
+WINDOWS = (1, 2, 4, 8, 16, 32)
+HAMMING_FACTORS = (2, 4, 8, 16, 32, 64, 128)  # H = factor * k; 0 (keep all) is always tried
+
+
+@dataclass(frozen=True)
+class Point:
+    """One operating point: parameters and what calibration measured there."""
+
+    permutations: int
+    window: int
+    hamming_keep: int
+    recall: float
+    reranked: float  # rows whose exact distance is computed, mean per query
+    fraction_searched: float
+    seconds_per_query: float | None = None  # measured with the real search (None: not timed)
+
+    def cost(self, width: float) -> float:
+        """A deterministic proxy of the search time per query, in rough operation counts:
+        per list the 64-bit permuted prefix and the window's entries (de-duplication and a
+        Hamming distance each), then the exact distance of every re-ranked row (``width``
+        numbers per row).  It orders the points; timing decides only hash against scan, so
+        that the same seed always gives the same choice."""
+        return self.permutations * (64 + 8 * self.window) + self.reranked * (width + 8)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration curve of an index and the operating point chosen from it."""
+
+    k: int
+    target: float
+    n_database: int
+    n_queries: int
+    scan_seconds_per_query: float
+    points: tuple[Point, ...]
+    mode: str  # "hash" or "scan"
+    chosen: Point | None
+    reason: str
+    width: float = 1.0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["points"] = [asdict(p) for p in self.points]
+        d["chosen"] = None if self.chosen is None else asdict(self.chosen)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, *, where: str = "calibration") -> Calibration:
+        try:
+            points = tuple(Point(**p) for p in d["points"])
+            chosen = None if d["chosen"] is None else Point(**d["chosen"])
+            cal = cls(k=int(d["k"]), target=float(d["target"]), n_database=int(d["n_database"]),
+                      n_queries=int(d["n_queries"]),
+                      scan_seconds_per_query=float(d["scan_seconds_per_query"]),
+                      points=points, mode=str(d["mode"]), chosen=chosen, reason=str(d["reason"]),
+                      width=float(d.get("width", 1.0)), seconds=float(d.get("seconds", 0.0)),
+                      extra=dict(d.get("extra", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{where} is malformed ({type(exc).__name__}: {exc}); rebuild "
+                              "the index") from None
+        if cal.mode not in ("hash", "scan") or (cal.mode == "hash") != (chosen is not None):
+            raise FormatError(f"{where}: mode {cal.mode!r} with chosen point {chosen!r}; "
+                              "rebuild the index")
+        return cal
+
+    def point_for(self, target: float, max_permutations: int) -> tuple[str, Point | None, str]:
+        """Another operating point of the same curve (a query-time target): the cheapest that
+        reaches it among those the index's lists allow; its time is estimated from the
+        chosen point's measured time in proportion to `Point.cost`."""
+        pts = [p for p in self.points if p.permutations <= max_permutations]
+        p = choose_point(pts, target, self.width)
+        if p is None:
+            return "scan", None, _no_point(pts, target)
+        ref = self.chosen or self.extra.get("timed")
+        if isinstance(ref, dict):
+            ref = Point(**ref)
+        if ref is None or ref.seconds_per_query is None:
+            return "hash", p, "no timing recorded; hashed search"
+        est = ref.seconds_per_query * p.cost(self.width) / max(ref.cost(self.width), 1.0)
+        p = Point(p.permutations, p.window, p.hamming_keep, p.recall, p.reranked,
+                  p.fraction_searched, est)
+        return decide_mode(p, self.scan_seconds_per_query)
+
+
+def choose_point(points: Sequence[Point], target: float, width: float) -> Point | None:
+    """The cheapest point (`Point.cost`; ties to fewer lists, smaller W and H) whose recall
+    reaches ``target``; None if none does.  Pure and deterministic."""
+    if not 0 < target <= 1:
+        raise InputError(f"target recall {target}: must be in (0, 1]")
+    ok = [p for p in points if p.recall >= target]
+    if not ok:
+        return None
+    return min(ok, key=lambda p: (p.cost(width), p.permutations, p.window, p.hamming_keep))
+
+
+def _no_point(points: Sequence[Point], target: float) -> str:
+    best = max((p.recall for p in points), default=0.0)
+    return (f"no hashed operating point reaches recall {target:g} (best {best:.3f}); the "
+            "exact scan is used")
+
+
+def decide_mode(point: Point, scan_seconds: float) -> tuple[str, Point | None, str]:
+    """Hash at ``point`` unless the scan is no slower than its measured time / `SCAN_MARGIN`."""
+    t = point.seconds_per_query
+    if t is None:
+        raise InputError("the operating point has no measured time")
+    if t >= SCAN_MARGIN * scan_seconds:
+        return "scan", None, (f"the exact scan ({1e3 * scan_seconds:.3f} ms/query) is no slower "
+                              f"than the hashed search at recall {point.recall:.3f} "
+                              f"({1e3 * t:.3f} ms/query)")
+    return "hash", point, (f"M={point.permutations}, W={point.window}, H={point.hamming_keep} "
+                           f"reaches recall {point.recall:.3f} searching "
+                           f"{100 * point.fraction_searched:.2f}%, {scan_seconds / t:.1f}x "
+                           "faster than the scan")
+
+
+def select(points: Sequence[Point], target: float, scan_seconds: float, width: float,
+           time_point: Callable[[Point], float]) -> tuple[str, Point | None, str]:
+    """``(mode, point, reason)``: `choose_point`, timed with ``time_point`` (seconds per
+    query), then `decide_mode`; the scan when no point reaches the target."""
+    p = choose_point(points, target, width)
+    if p is None:
+        return "scan", None, _no_point(points, target)
+    p = Point(p.permutations, p.window, p.hamming_keep, p.recall, p.reranked,
+              p.fraction_searched, time_point(p))
+    return decide_mode(p, scan_seconds)
+
+
+def grid_permutations(m_max: int) -> list[int]:
+    """Nested list counts to try: powers of two below ``m_max``, and ``m_max``."""
+    out, m = [], 8
+    while m < m_max:
+        out.append(m)
+        m *= 2
+    return [*out, m_max]
+
+
+def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qpayload: Any,
+              *, k: int, target: float, permutations: Sequence[int] | None = None,
+              windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
+              hash_overhead: float = 0.0,
+              timer: Callable[[], float] = time.perf_counter) -> Calibration:
+    """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
+    ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
+    gave (default: the grids above); ``hash_overhead`` (seconds per query) is added to the
+    hashed search's time (hashing the query, which the scan does not need)."""
+    t_start = timer()
+    N = len(index)
+    Q = len(qrows)
+    if Q == 0 or N < 2:
+        raise InputError(f"calibration needs at least 2 database rows and 1 query (got {N}, "
+                         f"{Q})")
+    ks = min(k, N - 1)
+    # compile (or load) the kernels before anything is timed
+    scan_topk(index.payload_, qpayload.take(slice(0, 1)), 1)
+    index.search(qcodes[:1], qpayload.take(slice(0, 1)), 1)
+    # exact truth, leave-one-out: k+1 nearest, the query's own row removed
+    t0 = timer()
+    _, truth_ids = scan_topk(index.payload_, qpayload, ks + 1, ids=np.arange(N, dtype=np.int64))
+    scan_s = (timer() - t0) / Q
+    truth = np.full((Q, ks), -1, dtype=np.int64)
+    for q in range(Q):
+        t = truth_ids[q][truth_ids[q] != qrows[q]][:ks]
+        truth[q, : len(t)] = t
+    ms = sorted(set(permutations or grid_permutations(index.n_permutations_)))
+    ws = sorted(set(windows or WINDOWS))
+    hs = sorted(set(hamming_keeps if hamming_keeps is not None
+                    else (0, *[f * k for f in HAMMING_FACTORS])))
+    m_max, w_max = max(ms), max(ws)
+    if m_max > index.n_permutations_:
+        raise InputError(f"calibration asks for {m_max} lists, the index has "
+                         f"{index.n_permutations_}")
+    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
+                                                                                2 * w_max)
+    keeps = np.asarray(hs, dtype=np.int64)
+    points: list[Point] = []
+    for m in ms:
+        for w in ws:
+            cand = np.ascontiguousarray(full[:, :m, w_max - w: w_max + w]).reshape(Q, -1)
+            hits, reranked = candidate_recall(cand, index.codes_, qcodes, truth, qrows, keeps)
+            seen: set[float] = set()
+            for h, hit, rr in zip(hs, hits, reranked):
+                kept = float(rr) / Q
+                if kept in seen:
+                    continue  # H at or beyond every query's candidates: the same point
+                seen.add(kept)
+                points.append(Point(m, w, int(h), float(hit) / (Q * ks), kept, kept / N))
+    width = float(getattr(qpayload, "width", 1))
+    nt = min(Q, TIMED_QUERIES)
+    qc_t, qp_t = qcodes[:nt], qpayload.take(slice(0, nt))
+
+    def time_point(p: Point) -> float:
+        t0 = timer()
+        index.search(qc_t, qp_t, ks, n_permutations=p.permutations, window=p.window,
+                     hamming_keep=p.hamming_keep)
+        return (timer() - t0) / nt + hash_overhead
+
+    mode, chosen, reason = select(points, target, scan_s, width, time_point)
+    extra: dict[str, Any] = {}
+    if chosen is None and mode == "scan":
+        best = choose_point(points, min(target, max((p.recall for p in points), default=1.0)),
+                            width)
+        if best is not None:  # keep a timed reference for query-time targets
+            best = Point(best.permutations, best.window, best.hamming_keep, best.recall,
+                         best.reranked, best.fraction_searched, time_point(best))
+            extra["timed"] = asdict(best)
+    return Calibration(k=ks, target=target, n_database=N, n_queries=Q,
+                       scan_seconds_per_query=scan_s, points=tuple(points), mode=mode,
+                       chosen=chosen, reason=reason, width=width, seconds=timer() - t_start,
+                       extra=extra)
+
+
+def sample_rows(n: int, size: int, seed: int) -> np.ndarray:
+    """A sorted random sample of ``min(size, n)`` row numbers (the calibration queries)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2]))
+    return np.sort(rng.choice(n, size=min(size, n), replace=False)).astype(np.int64)

@@ -1,0 +1,124 @@
+"""Calibration: exact recall of nested operating points, and the pure selection rule."""
+
+import numpy as np
+import pytest
+
+from lshdist._kernels.search import candidate_recall, collect_candidates
+from lshdist.errors import InputError
+from lshdist.index.calibrate import Calibration, Point, calibrate, choose_point, decide_mode
+from lshdist.index.payload import DensePayload
+from lshdist.index.permutation import PermutationIndex
+from lshdist.index.scan import scan_topk
+from lshdist.index.searcher import MetricIndex, encode
+from lshdist.metric.learned import ExplicitMetric
+
+
+def _pt(m, w, h, recall, secs=None, kept=100.0):
+    return Point(m, w, h, recall, kept, kept / 1e4, secs)
+
+
+def test_choose_the_cheapest_point_at_target():
+    # cost = M (64 + 8 W) + reranked (width + 8)
+    pts = [_pt(8, 2, 40, 0.85, kept=40), _pt(16, 4, 40, 0.91, kept=40),
+           _pt(32, 4, 80, 0.95, kept=80), _pt(64, 8, 0, 0.99, kept=3000)]
+    p = choose_point(pts, 0.9, width=16)
+    assert (p.permutations, p.window) == (16, 4)
+    assert choose_point(pts, 0.97, width=16).permutations == 64  # further along the curve
+    assert choose_point(pts, 0.995, width=16) is None
+    # a wide payload makes re-ranked rows dear: fewer re-ranked rows win
+    wide = [_pt(16, 4, 0, 0.95, kept=500), _pt(64, 16, 40, 0.95, kept=40)]
+    assert choose_point(wide, 0.9, width=784).permutations == 64
+    assert choose_point(wide, 0.9, width=1).permutations == 16
+    with pytest.raises(InputError, match="must be in"):
+        choose_point(pts, 1.5, 1.0)
+
+
+def test_scan_when_the_hashed_point_is_no_faster():
+    fast = _pt(16, 4, 40, 0.91, secs=1e-4)
+    assert decide_mode(fast, 1e-3)[0] == "hash"
+    slow = _pt(16, 4, 40, 0.91, secs=0.95e-3)  # within the noise margin of the scan
+    mode, p, why = decide_mode(slow, 1e-3)
+    assert (mode, p) == ("scan", None) and "no slower" in why
+
+
+def test_candidate_recall_matches_collect_candidates():
+    # catches: a Hamming cut that differs from collect_candidates (ties in discovery order),
+    # self-matches counted as hits, off-by-one at the cut
+    rng = np.random.default_rng(0)
+    N, Q, T, words = 300, 40, 60, 2
+    codes = rng.integers(0, 2**63, size=(N, words), dtype=np.int64).view(np.uint64)
+    qcodes = codes[:Q] ^ (rng.integers(0, 2**8, size=(Q, words)).astype(np.uint64))
+    cand = rng.integers(-1, N, size=(Q, T)).astype(np.int64)
+    truth = rng.integers(0, N, size=(Q, 5)).astype(np.int64)
+    qself = np.arange(Q, dtype=np.int64)
+    keeps = np.array([0, 3, 10, 25, 1000], np.int64)
+    hits, reranked = candidate_recall(cand, codes, qcodes, truth, qself, keeps)
+    for j, h in enumerate(keeps):
+        off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
+        owner = np.repeat(np.arange(Q), np.diff(off))
+        ref_hits = sum(int(np.isin(rows[owner == q], truth[q]).sum()) for q in range(Q))
+        ref_rr = int((rows != qself[owner]).sum())
+        assert (hits[j], reranked[j]) == (ref_hits, ref_rr), h
+
+
+def _index(seed=0, n=1500, d=12):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    metric = ExplicitMetric.identity(d, center=X.mean(0))
+    return X, metric
+
+
+def test_calibrated_recall_is_the_real_searchs_recall():
+    """The recall a point is calibrated at is what the real search with those parameters
+    achieves on the same leave-one-out queries (nested lists, sliced windows, same cut)."""
+    X, metric = _index()
+    ix = MetricIndex(metric, bits=64, n_permutations=32, window=8).fit(X)
+    qrows = np.arange(0, 1500, 15, dtype=np.int64)
+    qc, qp = encode(metric, ix.family_, X[qrows], query=True)
+    cal = calibrate(ix.index_, qrows, qc, qp, k=5, target=0.5, permutations=[8, 32],
+                    windows=[2, 8], hamming_keeps=[0, 20])
+    _, truth = scan_topk(ix.index_.payload_, qp, 6)
+    for p in cal.points:
+        _, found, st = ix.index_.search(qc, qp, 6, n_permutations=p.permutations,
+                                        window=p.window, hamming_keep=p.hamming_keep)
+        hits = sum(len(np.intersect1d(np.setdiff1d(f, [r]), np.setdiff1d(t, [r])[:5]))
+                   for f, t, r in zip(found, truth, qrows))
+        assert hits / (len(qrows) * 5) == pytest.approx(p.recall)
+        assert p.reranked == pytest.approx((st["reranked"].sum() - len(qrows)) / len(qrows))
+    assert json_round_trip(cal) == cal
+
+
+def json_round_trip(cal):
+    import json
+
+    return Calibration.from_json(json.loads(json.dumps(cal.to_json())))
+
+
+def test_auto_picks_the_scan_for_a_tiny_low_dimensional_database():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 2)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(2), target_recall=0.9).fit(X)
+    assert ix.mode_ == "scan" and ix.calibration_.mode == "scan"
+    d, ids = ix.query(X[:5], 3)
+    assert ix.last_mode_ == "scan" and ids[:, 0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_same_seed_same_choice_and_results_equal_without_calibration():
+    X, metric = _index(2, n=3000)
+    a = MetricIndex(metric, bits=64, target_recall=0.9, seed=3).fit(X)
+    b = MetricIndex(metric, bits=64, target_recall=0.9, seed=3).fit(X)
+    pa, pb = a.calibration_.chosen, b.calibration_.chosen
+    assert [(p.permutations, p.window, p.hamming_keep, p.recall) for p in a.calibration_.points] \
+        == [(p.permutations, p.window, p.hamming_keep, p.recall) for p in b.calibration_.points]
+    if a.mode_ == b.mode_ == "hash":
+        assert (pa.permutations, pa.window, pa.hamming_keep) == (pb.permutations, pb.window,
+                                                                 pb.hamming_keep)
+        # the same parameters without calibration: identical answers
+        plain = MetricIndex(metric, bits=64, n_permutations=a.index_.n_permutations_,
+                            window=pa.window, hamming_keep=pa.hamming_keep, seed=3).fit(X)
+        q = X[:50] + 0.01
+        _, i1 = a.query(q, 10, mode="hash")
+        _, i2 = plain.index_.search(*encode(metric, plain.family_, q, query=True), 10,
+                                    n_permutations=pa.permutations)[:2]
+        assert np.array_equal(i1, i2)
+    # (the hash/scan decision alone rests on a timing; here both are far apart)
