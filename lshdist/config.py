@@ -271,18 +271,25 @@ class LearnConfig(Section):
 class IndexConfig(Section):
     """The hashed index (``lshdist index``, the ``index:`` section)."""
 
+    target_recall: float = opt(0.9, _float(0.0, 1.0),
+                               "recall@k against the exact scan that calibration chooses M, W "
+                               "and H for (the options below, when given, stay fixed)",
+                               metavar="R")
+    k: int = opt(10, POSITIVE, "the k of the calibrated recall@k")
     bits: int = opt(256, _int(1, MAX_BITS), "b, bits per hash key", metavar="b")
     epsilon: float | None = opt(None, _optional(_float()),
                                 "M = ceil(2 n^(1/(1+e))) permutations for n rows per segment "
-                                "(used when --permutations is not given; default e=1)",
-                                metavar="e")
+                                "(fixes M; default: calibrated)", metavar="e")
     permutations: int | None = opt(None, _optional(_int(1, MAX_PERMUTATIONS)),
-                                   "M, permutation-sorted lists per segment (overrides --epsilon)",
-                                   metavar="M")
-    window: int = opt(8, POSITIVE, "W, list entries taken on each side of a query", metavar="W")
-    hamming_keep: int = opt(0, NONNEG,
-                            "re-rank only the H candidates nearest in Hamming distance "
-                            "per segment (0: all)", metavar="H")
+                                   "M, permutation-sorted lists per segment (fixes M; default: "
+                                   "calibrated)", metavar="M")
+    window: int | None = opt(None, _optional(POSITIVE),
+                             "W, list entries taken on each side of a query (fixes W; "
+                             "default: calibrated)", metavar="W")
+    hamming_keep: int | None = opt(None, _optional(NONNEG),
+                                   "re-rank only the H candidates nearest in Hamming distance "
+                                   "per segment, 0: all (fixes H; default: calibrated)",
+                                   metavar="H")
     segment_rows: int = opt(100_000, POSITIVE,
                             "rows per segment (rounded down to whole dataset shards, at least one)",
                             metavar="n")
@@ -294,8 +301,6 @@ class IndexConfig(Section):
         if self.epsilon is not None and self.permutations is not None:
             raise InputError("give epsilon or permutations (M), not both")
 
-    #: the fields an index records and an --append must agree with
-    RECORDED = ("bits", "epsilon", "permutations", "window", "hamming_keep", "baseline", "seed")
 
 
 @dataclass(frozen=True)
@@ -303,8 +308,13 @@ class QueryConfig(Section):
     """Bulk queries (``lshdist query``, the ``query:`` section)."""
 
     k: int = opt(10, POSITIVE, "neighbours per query")
-    mode: str = opt("hash", _choice("hash", "scan"),
-                    "hashed search, or the exact distributed linear scan")
+    mode: str = opt("auto", _choice("auto", "hash", "scan"),
+                    "auto: what the index's calibration chose (hashed, or the exact scan where "
+                    "that is no slower); hash; or scan, the exact distributed linear scan")
+    target_recall: float | None = opt(None, _optional(_float(0.0, 1.0)),
+                                      "another operating point of the index's calibration "
+                                      "curve (default: the one chosen at build time)",
+                                      metavar="R")
     query_chunk: int = opt(5_000, POSITIVE, "queries per task", metavar="n")
 
 

@@ -68,9 +68,10 @@ class HashSettings:
     bits: int = 256
     epsilon: float | None = None
     n_permutations: int | None = None
-    window: int = 1
-    hamming_keep: int = 0
+    window: int | None = 1
+    hamming_keep: int | None = 0
     seed: int = 0
+    target_recall: float | None = None  # calibrate the parameters left None for this recall
     n_threads: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -97,7 +98,9 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
         ix = MetricIndex(metric, bits=settings.bits, n_permutations=settings.n_permutations,
                          epsilon=settings.epsilon, window=settings.window,
                          hamming_keep=settings.hamming_keep, learned=learned,
-                         seed=settings.seed).fit(X_train, n_threads=settings.n_threads)
+                         seed=settings.seed, target_recall=settings.target_recall,
+                         calibration_k=recall_k or kmax).fit(X_train,
+                                                             n_threads=settings.n_threads)
         t_build = time.perf_counter() - t0
         t0 = time.perf_counter()
         _, scan_ids = ix.query(X_test, kmax, mode="scan", n_threads=settings.n_threads)
@@ -106,7 +109,10 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
         _, hash_ids = ix.query(X_test, kmax, mode="hash", n_threads=settings.n_threads)
         t_hash = time.perf_counter() - t0
         stats = ix.stats_
-        log.info("%s: build %.2fs, scan %.2fs, hash %.2fs", name, t_build, t_scan, t_hash)
+        cal = ix.calibration_
+        auto = ix.mode_  # what mode="auto" answers with
+        log.info("%s: build %.2fs, scan %.2fs, hash %.2fs; auto: %s%s", name, t_build, t_scan,
+                 t_hash, auto, f" ({cal.reason})" if cal else "")
         for mode, ids, secs in (("scan", scan_ids, t_scan), ("hash", hash_ids, t_hash)):
             lab = np.where(ids >= 0, y_train[np.maximum(ids, 0)], -1)
             for k in ks:
@@ -126,9 +132,14 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                     "seconds": float(secs),
                     "build_seconds": float(t_build),
                     "bits": settings.bits,
-                    "permutations": int(ix.index_.n_permutations_),
-                    "window": settings.window,
-                    "hamming_keep": settings.hamming_keep,
+                    "permutations": int(getattr(ix, "op_permutations_", None)
+                                        or ix.index_.n_permutations_),
+                    "window": int(ix.index_.window),
+                    "hamming_keep": int(ix.index_.hamming_keep),
+                    "auto_mode": auto,
+                    "auto_seconds": float(t_hash if auto == "hash" else t_scan),
+                    "calibration_seconds": float(cal.seconds) if cal else 0.0,
+                    "calibration": cal.reason if cal else None,
                 }
                 records.append(rec)
     return records

@@ -24,8 +24,9 @@ from typing import Any
 from lshdist.cluster import tasks
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
+from lshdist.index.calibrate import Calibration, Point
 from lshdist.index.params import resolve_permutations
-from lshdist.index.searcher import MODES
+from lshdist.index.searcher import MODES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
 from lshdist.store.dataset import Dataset
@@ -124,6 +125,7 @@ class BuildPlan:
     model_meta: dict[str, Any]
     manifest: dict[str, Any]
     segments: list[tuple[int, int]] = field(default_factory=list)
+    lists: int | None = None  # lists fitted per segment (None: from epsilon, per segment)
     list_bytes: int = 0  # permutation lists of the largest segment
 
 
@@ -146,7 +148,8 @@ def _check_append(out: str, cfg: IndexConfig, manifest: dict[str, Any]) -> Index
     return IndexConfig(bits=manifest["bits"], epsilon=manifest["epsilon"],
                        permutations=manifest["permutations"], window=manifest["window"],
                        hamming_keep=manifest["hamming_keep"], seed=manifest["seed"],
-                       baseline=not manifest["learned"], segment_rows=cfg.segment_rows)
+                       baseline=not manifest["learned"], segment_rows=cfg.segment_rows,
+                       target_recall=cfg.target_recall, k=cfg.k)
 
 
 def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = None,
@@ -178,16 +181,20 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
     plan = BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
                      segments)
-    plan.list_bytes = _list_bytes(cfg, rows)
+    if append:
+        plan.lists = manifest["permutations"]
+    elif rows:
+        plan.lists = calibrated_lists(rows, n_permutations=cfg.permutations, epsilon=cfg.epsilon)
+    plan.list_bytes = _list_bytes(cfg, rows, plan.lists)
     return plan
 
 
-def _list_bytes(cfg: IndexConfig, rows: int) -> int:
+def _list_bytes(cfg: IndexConfig, rows: int, lists: int | None) -> int:
     """Bytes of the permutation lists of the largest segment (int32 rows + uint64 prefixes);
     refuses an M beyond `MAX_PERMUTATIONS` (a tiny epsilon asks for millions of lists)."""
     if rows == 0:
         return 0
-    m = resolve_permutations(rows, epsilon=cfg.epsilon, permutations=cfg.permutations)
+    m = lists or resolve_permutations(rows, epsilon=cfg.epsilon, permutations=cfg.permutations)
     if m > MAX_PERMUTATIONS:
         raise InputError(f"epsilon={cfg.epsilon} asks for M={m:,} permutation lists for "
                          f"segments of {rows:,} rows (at most {MAX_PERMUTATIONS:,}, "
@@ -227,7 +234,7 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     # land), and `lshdist gc` never mistakes a running build's segments for orphans
     with index_lock(plan.out, timeout=stall):
         if plan.append:
-            entries = _build_segments(client, plan, plan.out, stall)
+            entries, _ = _build_segments(client, plan, plan.out, stall)
             manifest = read_manifest(plan.out)  # another append may have landed meanwhile
             if manifest["model_checksum"] != plan.manifest["model_checksum"]:
                 raise InputError(f"index {str(plan.out)!r} changed model during the append")
@@ -241,8 +248,8 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
             return new
         with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
                         inputs=(plan.data.path, plan.model)) as tmp:
-            entries = _build_segments(client, plan, tmp, stall)
-            new = _with_segments(plan.manifest, entries)
+            entries, op = _build_segments(client, plan, tmp, stall)
+            new = _with_segments({**plan.manifest, **op}, entries)
             write_manifest(tmp, new)
         return new
 
@@ -271,27 +278,56 @@ def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> d
 
 
 def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
-                    ) -> list[dict[str, Any]]:
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Fit every segment (in worker memory), calibrate on the first (fresh builds), then write
+    each with the chosen number of lists; returns the entries and the manifest's operating
+    point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration``)."""
     cfg = plan.cfg
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
     family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
                                 learned=not cfg.baseline)
-    params = {"permutations": cfg.permutations, "epsilon": cfg.epsilon, "window": cfg.window,
-              "hamming_keep": cfg.hamming_keep, "seed": cfg.seed}
+    path = str(plan.data.path)
+    lists = plan.lists
+    fits = [client.submit(tasks.fit_segment, path, shards, family_f, lists,
+                          None if lists else cfg.epsilon, cfg.seed, pure=False, retries=2)
+            for shards in plan.segments]
     names = [new_segment_name() for _ in plan.segments]
-    futures = [client.submit(tasks.build_segment, str(plan.data.path), shards, family_f, params,
-                             str(index_dir), name, pure=False, retries=2)
-               for shards, name in zip(plan.segments, names)]
+    held = [*fits, family_f]
     try:
-        for _ in _progress(futures, "index", stall):
+        if plan.append:
+            op: dict[str, Any] = {}
+            keep, window, hkeep = lists, plan.manifest["window"], plan.manifest["hamming_keep"]
+        else:
+            fixed = {"permutations": lists if (cfg.permutations or cfg.epsilon) else None,
+                     "window": cfg.window, "hamming_keep": cfg.hamming_keep}
+            cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
+                                  family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
+                                  pure=False, retries=2)
+            held.append(cal_f)
+            for _ in _progress([cal_f], "calibrate", stall):
+                pass
+            cal = Calibration.from_json(cal_f.result())
+            ref = cal.chosen or (Point(**cal.extra["timed"]) if "timed" in cal.extra else None)
+            keep = ref.permutations if ref else min(p.permutations for p in cal.points)
+            window = ref.window if ref else (cfg.window or 8)
+            hkeep = ref.hamming_keep if ref else (cfg.hamming_keep or 0)
+            op = {"calibration": cal.to_json()}
+            log.info("calibration (%.1fs on %d rows, %d queries): %s — %s", cal.seconds,
+                     cal.n_database, cal.n_queries, cal.mode, cal.reason)
+        writes = [client.submit(tasks.write_fitted, fit, str(index_dir), name, keep, path,
+                                shards, pure=False, retries=2)
+                  for fit, name, shards in zip(fits, names, plan.segments)]
+        held += writes
+        for _ in _progress(writes, "index", stall):
             pass
-        entries = [f.result() for f in futures]
+        entries = [f.result() for f in writes]
     except BaseException:
-        client.cancel([*futures, family_f])
+        client.cancel(held)
         _remove_segments(index_dir, names)
         raise
-    client.cancel([*futures, family_f])
-    return entries
+    client.cancel(held)
+    return entries, {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
+                     "window": window, "hamming_keep": hkeep}
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,
@@ -315,14 +351,17 @@ class QueryPlan:
     cfg: QueryConfig
     overwrite: bool
     manifest: dict[str, Any]
+    mode: str = "hash"  # the mode the search runs in ("auto" resolved)
+    op: tuple[int, int, int] | None = None  # (M, W, H) of a hashed search
+    reason: str = ""
 
 
 def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
                overwrite: bool = False) -> QueryPlan:
     """Check a bulk query on the driver (no cluster): index, model, queries, output."""
     cfg = cfg or QueryConfig()
-    if cfg.mode not in MODES:
-        raise InputError(f"mode={cfg.mode!r}; choose one of {list(MODES)}")
+    if cfg.mode not in (*MODES, "auto"):
+        raise InputError(f"mode={cfg.mode!r}; choose one of {[*MODES, 'auto']}")
     manifest = read_manifest(index)
     try:
         model_meta = read_model_meta(manifest["model"])
@@ -338,7 +377,36 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     if cfg.k > manifest["rows"]:
         log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
                     "neighbours", cfg.k, manifest["rows"], manifest["rows"])
-    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest)
+    mode, op, reason = operating_point(manifest, cfg, where=f"index {index!r}")
+    log.info("query mode %s: %s", mode, reason)
+    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode, op, reason)
+
+
+def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
+                    ) -> tuple[str, tuple[int, int, int] | None, str]:
+    """The mode and (M, W, H) a query runs with: ``--mode scan|hash`` as asked (hash at the
+    index's point, or at ``--target-recall``'s point of its calibration curve); ``auto``: the
+    calibration's choice (hash for an index built without calibration)."""
+    own = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
+    raw = manifest.get("calibration")
+    cal = None if raw is None else Calibration.from_json(raw, where=f"{where}: calibration")
+    if cfg.mode == "scan":
+        return "scan", None, "asked for (--mode scan)"
+    if cal is None:
+        if cfg.target_recall is not None:
+            raise InputError(f"{where} was built without calibration; --target-recall needs "
+                             "an index built by this version (rebuild it)")
+        return "hash", None if not own[0] else own, "the index's own parameters (no calibration)"
+    built = manifest["permutations"] or max(p.permutations for p in cal.points)
+    if cfg.target_recall is None:
+        mode, point, reason = cal.mode, cal.chosen, cal.reason
+    else:
+        mode, point, reason = cal.point_for(cfg.target_recall, built)
+    if cfg.mode == "hash" and point is None:
+        return "hash", own, f"asked for (--mode hash) at the index's own parameters; {reason}"
+    if point is None:
+        return "scan", None, reason
+    return "hash", (point.permutations, point.window, point.hamming_keep), reason
 
 
 def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stall_timeout,
@@ -357,19 +425,24 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
     window = in_flight or 2 * n_workers
     chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
     try:
+        op = None if plan.op is None else dict(zip(("permutations", "window", "hamming_keep"),
+                                                   plan.op))
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
-                           inputs=(plan.index, qds.path, manifest["model"])) as tmp:
-            n = _query_chunks(client, chunks, qds, family_f, segs, cfg, str(tmp), window, stall)
+                           inputs=(plan.index, qds.path, manifest["model"]),
+                           info={"mode": plan.mode, "operating_point": op,
+                                 "reason": plan.reason}) as tmp:
+            n = _query_chunks(client, chunks, plan, family_f, segs, str(tmp), window, stall)
     finally:
         client.cancel([*segs, family_f])
-    return {"queries": n, "segments": len(segs), "out": str(plan.out)}
+    return {"queries": n, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
+            "operating_point": plan.op}
 
 
-def _query_chunks(client: Any, chunks: list[tuple[int, int]], qds: Dataset, family_f: Any,
-                  segs: list[Any], cfg: QueryConfig, tmp: str, window: int,
-                  stall: float) -> int:
+def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,
+                  segs: list[Any], tmp: str, window: int, stall: float) -> int:
     from distributed import wait
 
+    cfg, qds = plan.cfg, plan.queries
     held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
     total, t0, done_chunks = 0, time.perf_counter(), 0
 
@@ -377,8 +450,8 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], qds: Dataset, fami
         a, b = chunks[c]
         enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
                             pure=False, retries=2)
-        parts = [client.submit(tasks.search_segment, s, enc, cfg.k, cfg.mode, pure=False,
-                               retries=2) for s in segs]
+        parts = [client.submit(tasks.search_segment, s, enc, cfg.k, plan.mode, plan.op,
+                               pure=False, retries=2) for s in segs]
         w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
                           retries=2)
         held[w] = [enc, *parts]

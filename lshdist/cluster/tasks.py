@@ -9,7 +9,7 @@ import numpy as np
 
 from lshdist.hashing.families import HashFamily
 from lshdist.index.permutation import PermutationIndex
-from lshdist.index.searcher import answer, encode, permutation_seed
+from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_segment, write_segment
 from lshdist.store.results import write_part
@@ -29,21 +29,37 @@ def load_family(model_path: str, bits: int, seed: int, learned: bool) -> HashFam
     return family_for(metric, bits=bits, seed=seed, learned=learned)
 
 
-def build_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
-                  params: dict[str, Any], index_dir: str, name: str) -> dict[str, Any]:
-    """Encode dataset shards ``shards[0]:shards[1]`` with the broadcast hash family, build and
-    write one segment; returns its manifest entry."""
+def fit_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
+                lists: int | None, epsilon: float | None, seed: int) -> PermutationIndex:
+    """Encode dataset shards ``shards[0]:shards[1]`` with the broadcast hash family and fit
+    their permutation lists (kept in worker memory until `write_fitted`)."""
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     X = ds.read_rows(start, stop)
-    ids = ds.ids()[start:stop]
-    assert family.metric is not None  # `load_family` gives every family its metric
     codes, payload = encode(family.metric, family, X)
-    index = PermutationIndex(
-        n_permutations=params["permutations"], epsilon=params["epsilon"], window=params["window"],
-        hamming_keep=params["hamming_keep"], seed=permutation_seed(params["seed"]),
-    ).fit(codes, family.bits, payload, ids)
-    entry = write_segment(index_dir, name, index)
+    return PermutationIndex(n_permutations=lists, epsilon=epsilon,
+                            seed=permutation_seed(seed)).fit(codes, family.bits, payload,
+                                                             ds.ids()[start:stop])
+
+
+def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int, int],
+                      family: HashFamily, k: int, target: float,
+                      fixed: dict[str, int | None], seed: int) -> dict[str, Any]:
+    """Calibrate a fitted segment on a sample of its own rows (`lshdist.index.calibrate`);
+    returns the calibration as JSON (it goes into the index manifest)."""
+    ds = Dataset(data_path)
+    start, stop = (int(ds.shard_bounds[i]) for i in shards)
+    cal = calibrate_index(index, family.metric, family, ds.read_rows(start, stop), k=k,
+                          target=target, seed=seed, fixed=fixed)
+    return cal.to_json()
+
+
+def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
+                 data_path: str, shards: tuple[int, int]) -> dict[str, Any]:
+    """Write a fitted segment with its first ``lists`` lists; returns its manifest entry."""
+    ds = Dataset(data_path)
+    start, stop = (int(ds.shard_bounds[i]) for i in shards)
+    entry = write_segment(index_dir, name, index.truncated(min(lists, index.n_permutations_)))
     entry.update(source=str(data_path), start=start, stop=stop)
     return entry
 
@@ -61,10 +77,16 @@ def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily)
     return codes, payload, ds.ids()[start:stop]
 
 
-def search_segment(segment: PermutationIndex, encoded: Encoded, k: int, mode: str) -> Partial:
-    """Partial top-k of one query chunk against one segment."""
+def search_segment(segment: PermutationIndex, encoded: Encoded, k: int, mode: str,
+                   op: tuple[int, int, int] | None = None) -> Partial:
+    """Partial top-k of one query chunk against one segment (hashed at operating point
+    ``op`` = (M, W, H), default the segment's own, or by exact scan)."""
     codes, payload, _ = encoded
-    dist, ids, stats = answer(segment, codes, payload, k, mode=mode)
+    m, w, h = op if op is not None else (None, None, None)
+    if m is not None:
+        m = min(m, segment.n_permutations_)
+    dist, ids, stats = answer(segment, codes, payload, k, mode=mode, n_permutations=m,
+                              window=w, hamming_keep=h)
     return dist, ids, stats["reranked"]
 
 

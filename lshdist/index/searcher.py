@@ -162,7 +162,10 @@ class MetricIndex:
                                       self.n_permutations or self.epsilon) else None,
                                       "window": self.window, "hamming_keep": self.hamming_keep})
             self.calibration_ = cal
-            self.set_operating_point(cal.mode, cal.chosen)
+            ref = cal.chosen
+            if ref is None and "timed" in cal.extra:  # the scan was chosen: mode="hash" still
+                ref = Point(**cal.extra["timed"])     # searches at the best point measured
+            self.set_operating_point(cal.mode, ref)
             log.info("calibration (%.1fs): %s — %s", cal.seconds, cal.mode, cal.reason)
         return self
 

@@ -33,4 +33,4 @@ def client_from_config(cfg: ClusterConfig) -> AbstractContextManager[Any]:
     from lshdist.cluster.client import dask_client
 
     return dask_client(cfg.scheduler, workers=cfg.workers, processes=not cfg.in_process,
-                       timeout=cfg.connect_timeout)
+                       timeout=cfg.connect_timeout, stall=cfg.stall_timeout)

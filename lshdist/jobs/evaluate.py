@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
@@ -30,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--test", required=True, metavar="DATASET", help="labelled queries")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--model", metavar="MODEL", help="a learned model (default: learn one)")
-    add_options(p, IndexConfig, title="hashing and search", skip=("segment_rows", "baseline"))
+    add_options(p, IndexConfig, title="hashing and search",
+                skip=("segment_rows", "baseline", "k"))
     p.add_argument("--k", type=int_list, default=[1, 4], metavar="K[,K...]",
                    help="k of the k-NN accuracies (default 1,4)")
     p.add_argument("--recall-k", type=positive_int, metavar="K",
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     settings = HashSettings(bits=index_cfg.bits, epsilon=index_cfg.epsilon,
                             n_permutations=index_cfg.permutations, window=index_cfg.window,
                             hamming_keep=index_cfg.hamming_keep, seed=index_cfg.seed,
-                            n_threads=args.threads)
+                            n_threads=args.threads, target_recall=index_cfg.target_recall)
     n_classes = len(train.classes) if train.classes else None
     records = evaluate(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml, ks=args.k,
                        settings=settings, n_classes=n_classes, recall_k=args.recall_k)
@@ -85,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
         (tmp / "learning.json").write_text(json.dumps(learn_info, indent=2, default=str))
         if not args.no_plots:
             rk = args.recall_k or 10
+            # the sweeps vary one parameter around the learned metric's calibrated point
+            mlh = next(r for r in records if r["setting"] == "ML-hash")
+            settings = replace(settings, target_recall=None, epsilon=None,
+                               n_permutations=mlh["permutations"], window=mlh["window"],
+                               hamming_keep=mlh["hamming_keep"])
             bits = sweep(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml,
                          param="bits", values=args.sweep_bits, settings=settings, k=min(args.k),
                          recall_k=rk, n_classes=n_classes)
@@ -100,8 +107,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_table(records: list[dict[str, Any]]) -> None:
     print(f"{'setting':<8} {'k':>3} {'accuracy':>9} {'recall':>7} {'%searched':>10} "
-          f"{'speedup':>8} {'seconds':>8}")
+          f"{'speedup':>8} {'seconds':>8}  operating point")
     for r in records:
+        point = ""
+        if r["setting"].endswith("hash"):
+            point = (f"  M={r['permutations']} W={r['window']} H={r['hamming_keep']}; "
+                     f"auto: {r['auto_mode']}")
         print(f"{r['setting']:<8} {r['k']:>3} {100 * r['knn_accuracy']:>8.2f}% "
               f"{r['recall_at_k']:>7.3f} {100 * r['fraction_searched']:>9.2f}% "
-              f"{r['speedup']:>8.2f} {r['seconds']:>8.2f}")
+              f"{r['speedup']:>8.2f} {r['seconds']:>8.2f}{point}")
+    shown = set()
+    for r in records:
+        if r["setting"].endswith("hash") and r.get("calibration") and r["setting"] not in shown:
+            shown.add(r["setting"])
+            print(f"{r['setting'][:2]} calibration ({r['calibration_seconds']:.1f}s): "
+                  f"{r['auto_mode']} — {r['calibration']}")

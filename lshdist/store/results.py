@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -65,11 +66,13 @@ def write_part(out_dir: str | os.PathLike[str], chunk: int, query_ids: np.ndarra
 
 @contextlib.contextmanager
 def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = False,
-                  inputs: tuple[str | os.PathLike[str], ...] = ()) -> Iterator[Path]:
+                  inputs: tuple[str | os.PathLike[str], ...] = (),
+                  info: dict[str, Any] | None = None) -> Iterator[Path]:
     """Yield a temporary results directory (with ``neighbors/`` and ``stats/``) beside
     ``path``; parts are written into it with `write_part`; on success the manifest is written
     and the directory renamed to ``path``.  An existing ``path`` is replaced only with
-    ``overwrite``, and only if it is an lshdist results directory."""
+    ``overwrite``, and only if it is an lshdist results directory.  ``info`` (how the query
+    ran: mode, operating point) is recorded in the manifest."""
     with atomic_dir(path, overwrite=overwrite, kind=FORMAT, inputs=inputs) as tmp:
         (tmp / "neighbors").mkdir()
         (tmp / "stats").mkdir()
@@ -78,7 +81,7 @@ def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = Fal
         n = sum(pq.read_metadata(tmp / "stats" / p).num_rows for p in parts)
         atomic_write_text(tmp / MANIFEST, json.dumps(
             {"format": FORMAT, "version": VERSION, "k": int(k), "queries": int(n),
-             "parts": parts}, indent=2))
+             "parts": parts, "info": info or {}}, indent=2))
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class ResultsMeta:
     k: int
     queries: int
     parts: tuple[str, ...]
+    info: dict[str, Any]
 
 
 def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
@@ -113,7 +117,8 @@ def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
     for p in parts:
         if Path(p).name != p or not p.startswith("part-"):
             raise FormatError(f"{str(root)!r}: {MANIFEST} names part {p!r} outside the directory")
-    return ResultsMeta(root, k, n, parts)
+    info = meta.get("info", {})
+    return ResultsMeta(root, k, n, parts, info if isinstance(info, dict) else {})
 
 
 def _read_part(root: Path, name: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,

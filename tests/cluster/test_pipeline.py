@@ -70,7 +70,8 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
                     out=str(tmp / "idx"),
-                    cfg=IndexConfig(bits=64, permutations=30, window=4, segment_rows=8000))
+                    cfg=IndexConfig(bits=64, permutations=30, window=4, hamming_keep=0,
+                                    segment_rows=8000))
         query_index(client, index=str(tmp / "idx"), queries=str(letter_job / "queries"),
                     out=str(tmp / "res"), cfg=Q())
     r = read_results(tmp / "res")

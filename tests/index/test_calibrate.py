@@ -6,8 +6,6 @@ import pytest
 from lshdist._kernels.search import candidate_recall, collect_candidates
 from lshdist.errors import InputError
 from lshdist.index.calibrate import Calibration, Point, calibrate, choose_point, decide_mode
-from lshdist.index.payload import DensePayload
-from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import MetricIndex, encode
 from lshdist.metric.learned import ExplicitMetric
