@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lshdist.errors import ClusterError, InputError
 
@@ -55,10 +56,13 @@ def warm_kernels() -> bool:
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
-                timeout: float = 10.0) -> Iterator[Client]:
+                timeout: float = 10.0, stall: float = 600.0) -> Iterator[Client]:
     """A ``distributed.Client``: on ``scheduler`` (``tcp://HOST:PORT``) or on a new
     LocalCluster of ``workers`` single-threaded worker processes (threads if not ``processes``).
-    Workers warm the numba kernels before the job starts."""
+    Workers warm the numba kernels before the job starts.  A scheduler that does not answer
+    (a frozen process still accepts connections, and distributed waits for its replies without
+    a limit) is a `ClusterError`: after ``timeout`` s when connecting, after ``stall`` s in any
+    later blocking call (``run``, ``replicate``, ``scheduler_info``, ...)."""
     from distributed import Client, LocalCluster
 
     if workers < 1:
@@ -66,7 +70,7 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
     cluster = None
     if scheduler:
         try:
-            client = Client(scheduler, timeout=timeout)
+            client = _bounded(lambda: Client(scheduler, timeout=timeout), timeout + 1.0)
         except (OSError, TimeoutError) as exc:
             raise ClusterError(
                 f"could not reach the Dask scheduler at {scheduler!r} within {timeout:.0f}s "
@@ -84,6 +88,7 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
                                # task errors reach the driver; the rest is shutdown noise
                                silence_logs=logging.CRITICAL)
         client = Client(cluster)
+    _bound_calls(client, stall)
     try:
         log.info("Dask dashboard: %s (%d workers)", client.dashboard_link,
                  len(client.scheduler_info()["workers"]))
@@ -95,3 +100,40 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _bounded(make: Any, seconds: float) -> Any:
+    """``make()`` in a daemon thread, given up (`TimeoutError`) after ``seconds``."""
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            box.append((True, make()))
+        except BaseException as exc:  # re-raised in the caller
+            box.append((False, exc))
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if not box:
+        raise TimeoutError(f"no answer within {seconds:.0f}s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _bound_calls(client: Any, stall: float) -> None:
+    """Every synchronous call of ``client`` without its own timeout waits at most ``stall`` s,
+    then raises a `ClusterError` (all of them go through ``Client.sync``)."""
+    sync = client.sync
+
+    def bounded(func: Any, *args: Any, callback_timeout: Any = None, **kwargs: Any) -> Any:
+        try:
+            return sync(func, *args, callback_timeout=callback_timeout or stall, **kwargs)
+        except TimeoutError:
+            raise ClusterError(f"the Dask scheduler did not answer for {stall:.0f}s (in "
+                               f"{getattr(func, '__name__', func)}); it is stalled or "
+                               "overloaded — check it, or raise --stall-timeout") from None
+
+    client.sync = bounded

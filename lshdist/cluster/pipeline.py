@@ -399,9 +399,9 @@ def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
         return "hash", None if not own[0] else own, "the index's own parameters (no calibration)"
     built = manifest["permutations"] or max(p.permutations for p in cal.points)
     if cfg.target_recall is None:
-        mode, point, reason = cal.mode, cal.chosen, cal.reason
+        point, reason = cal.chosen, cal.reason
     else:
-        mode, point, reason = cal.point_for(cfg.target_recall, built)
+        _, point, reason = cal.point_for(cfg.target_recall, built)
     if cfg.mode == "hash" and point is None:
         return "hash", own, f"asked for (--mode hash) at the index's own parameters; {reason}"
     if point is None:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_segment, write_segment
 from lshdist.store.results import write_part
+
+if TYPE_CHECKING:
+    from lshdist.protocols import Metric
 
 #: one query chunk encoded: (codes, re-rank payload, query ids)
 Encoded = tuple[np.ndarray, Any, np.ndarray]
@@ -36,10 +40,16 @@ def fit_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     X = ds.read_rows(start, stop)
-    codes, payload = encode(family.metric, family, X)
-    return PermutationIndex(n_permutations=lists, epsilon=epsilon,
-                            seed=permutation_seed(seed)).fit(codes, family.bits, payload,
-                                                             ds.ids()[start:stop])
+    codes, payload = encode(_metric(family), family, X)
+    index = PermutationIndex(n_permutations=lists, epsilon=epsilon, seed=permutation_seed(seed))
+    index.fit(codes, family.bits, payload, ds.ids()[start:stop])
+    return index
+
+
+def _metric(family: HashFamily) -> Metric:
+    if family.metric is None:  # `load_family` gives every family its metric
+        raise InputError("a hash family without its metric reached a worker task")
+    return family.metric
 
 
 def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int, int],
@@ -49,7 +59,7 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
     returns the calibration as JSON (it goes into the index manifest)."""
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
-    cal = calibrate_index(index, family.metric, family, ds.read_rows(start, stop), k=k,
+    cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
                           target=target, seed=seed, fixed=fixed)
     return cal.to_json()
 
@@ -72,8 +82,7 @@ def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
 def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
     ds = Dataset(queries_path)
     X = ds.read_rows(start, stop)
-    assert family.metric is not None  # `load_family` gives every family its metric
-    codes, payload = encode(family.metric, family, X, query=True)
+    codes, payload = encode(_metric(family), family, X, query=True)
     return codes, payload, ds.ids()[start:stop]
 
 

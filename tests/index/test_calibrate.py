@@ -97,7 +97,7 @@ def test_auto_picks_the_scan_for_a_tiny_low_dimensional_database():
     X = rng.normal(size=(60, 2)).astype(np.float32)
     ix = MetricIndex(ExplicitMetric.identity(2), target_recall=0.9).fit(X)
     assert ix.mode_ == "scan" and ix.calibration_.mode == "scan"
-    d, ids = ix.query(X[:5], 3)
+    _, ids = ix.query(X[:5], 3)
     assert ix.last_mode_ == "scan" and ids[:, 0].tolist() == [0, 1, 2, 3, 4]
 
 
