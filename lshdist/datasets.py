@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def load_letter(root: str | os.PathLike[str] | None = None) -> Split:
         float32 (n, 16) integer-valued features; 26 classes ``'A'..'Z'``.
     """
     data = read_letter(_file(root, "letter", "letter-recognition.data"))
-    X = as_block(data.X)
+    X = cast(np.ndarray, as_block(data.X))  # a delimited file gives dense rows
     y, classes = _labels([data])
     return Split(X[:16_000], y[:16_000], X[16_000:], y[16_000:], classes)
 

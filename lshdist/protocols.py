@@ -5,7 +5,7 @@ Nothing here runs: the classes that play these roles do not inherit from them.
 - `Metric`: a learned (or identity) metric, `ExplicitMetric` or `ImplicitMetric`.
 - `Kernel`: a base kernel of the kernelized learner (`lshdist.metric.kernels`).
 - `RerankPayload`: what each indexed row carries for the exact re-rank
-  (`lshdist.index.payload`); `lshdist.index.permutation.Payload` is its storage side.
+  (`lshdist.index.payload`), and the arrays a segment stores it as.
 
 The hash family role is the base class `lshdist.hashing.families.HashFamily`.
 """
@@ -67,6 +67,10 @@ class RerankPayload(Protocol):
     kind: str
 
     def __len__(self) -> int: ...
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a segment stores, by name (read back by the class's ``from_arrays``)."""
+        ...
 
     def take(self, rows: slice) -> Self:
         """The payload of rows ``rows``."""

@@ -7,12 +7,19 @@ Payloads are plain arrays so that a segment stores them in Zarr and kernels read
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from lshdist._kernels.search import rerank_dense, rerank_sparse
 from lshdist.blocks import SparseBlock, as_block
 from lshdist.errors import InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
+
+if TYPE_CHECKING:
+    from lshdist.blocks import Block, RowsLike
+    from lshdist.protocols import Metric
 
 
 class DensePayload:
@@ -24,7 +31,7 @@ class DensePayload:
         self.Z = np.ascontiguousarray(Z, dtype=np.float32)
 
     def __len__(self) -> int:
-        return self.Z.shape[0]
+        return int(self.Z.shape[0])
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"Z": self.Z}
@@ -47,16 +54,18 @@ class DensePayload:
         """Numbers per row an exact distance reads (for the calibration's cost model)."""
         return float(self.Z.shape[1])
 
-    def take(self, rows) -> DensePayload:
+    def take(self, rows: slice) -> DensePayload:
         return DensePayload(self.Z[rows])
 
-    def rerank(self, offsets, rows, query: DensePayload, k: int, tiebreak: np.ndarray):
+    def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: DensePayload, k: int,
+               tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k of each query's candidates (CSR ``offsets``/``rows``), ties by
         ``tiebreak[row]``: ``(float32 (Q, k), int64 rows (Q, k))``."""
         if query.Z.shape[1] != self.Z.shape[1]:  # the kernel reads d entries of each query
             raise InputError(f"queries have {query.Z.shape[1]} payload columns, the index "
                              f"{self.Z.shape[1]}: were they encoded with the index's model?")
-        return rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
+        dist, top = rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
+        return dist, top
 
     def distances(self, query: DensePayload) -> np.ndarray:
         """Approximate distances from the queries to all rows (float32 BLAS expansion; the scan
@@ -79,7 +88,8 @@ class KernelPayload:
 
     kind = "kernel"
 
-    def __init__(self, indptr, indices, data, kx, sx):
+    def __init__(self, indptr: ArrayLike, indices: ArrayLike, data: ArrayLike, kx: ArrayLike,
+                 sx: ArrayLike):
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.indices = np.ascontiguousarray(indices, dtype=np.uint64)
         self.data = np.ascontiguousarray(data, dtype=np.float32)
@@ -145,14 +155,15 @@ class KernelPayload:
         return SparseBlock.from_arrays(self.indptr[start : stop + 1] - lo,
                                        self.indices[lo:hi], self.data[lo:hi])
 
-    def _local(self):
+    def _local(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows over local feature numbers: (sorted unique feature ids, int32 per nonzero)."""
         if not hasattr(self, "_features"):
             self._features, inv = np.unique(self.indices, return_inverse=True)
             self._local_idx = inv.astype(np.int32).ravel()
         return self._features, self._local_idx
 
-    def rerank(self, offsets, rows, query: KernelPayload, k: int, tiebreak: np.ndarray):
+    def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: KernelPayload, k: int,
+               tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if query.kx.shape[1] != self.kx.shape[1]:  # the kernel reads c entries of each query
             raise InputError(f"queries have {query.kx.shape[1]} kernel columns, the index "
                              f"{self.kx.shape[1]}: were they encoded with the index's model?")
@@ -162,9 +173,10 @@ class KernelPayload:
         hit = (pos < len(features)) & (features[posc] == query.indices) if len(features) else (
             np.zeros(len(query.indices), bool))
         qlocal = np.where(hit, posc, -1).astype(np.int32)
-        return rerank_sparse(offsets, rows, self.indptr, local, self.data, len(features),
-                             self.kx, self.sx, query.indptr, qlocal, query.data,
-                             query.kx.astype(np.float64), query.sx, k, tiebreak)
+        dist, top = rerank_sparse(offsets, rows, self.indptr, local, self.data, len(features),
+                                  self.kx, self.sx, query.indptr, qlocal, query.data,
+                                  query.kx.astype(np.float64), query.sx, k, tiebreak)
+        return dist, top
 
     def distances(self, query: KernelPayload) -> np.ndarray:
         """Distances from the queries to all rows, float64 (Q, N)."""
@@ -172,7 +184,8 @@ class KernelPayload:
             self._block = self.block()
         cross = query.block().dot_t(self._block)
         cross += query.kx.astype(np.float64) @ self.kx.astype(np.float64).T
-        return np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * cross, 0.0)
+        D: np.ndarray = np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * cross, 0.0)
+        return D
 
 
 def _check_keys(a: dict[str, np.ndarray], expected: set[str], kind: str) -> None:
@@ -188,7 +201,7 @@ def _check_array(a: np.ndarray, name: str, dtype: type, ndim: int) -> np.ndarray
     return a
 
 
-def _sparse_arrays(X) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sparse_arrays(X: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if isinstance(X, SparseBlock):
         return X.to_arrays()
     # dense rows as CSR over feature ids 0..d-1 (the implicit learner on dense data)
@@ -198,7 +211,8 @@ def _sparse_arrays(X) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return m.indptr.astype(np.int64), m.indices.astype(np.uint64), m.data
 
 
-def make_payload(metric, X, *, query: bool = False, kx: np.ndarray | None = None):
+def make_payload(metric: Metric, X: RowsLike, *, query: bool = False,
+                 kx: np.ndarray | None = None) -> DensePayload | KernelPayload:
     """The re-rank payload of rows ``X`` under ``metric`` (database or query side)."""
     if isinstance(metric, ExplicitMetric):
         return DensePayload(metric.transform(X))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from lshdist._kernels.search import (
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
 from lshdist.validation import check_k
+
+if TYPE_CHECKING:
+    from lshdist.protocols import RerankPayload
 
 
 def check_codes(codes: np.ndarray, bits: int, *, name: str = "codes") -> np.ndarray:
@@ -30,23 +33,13 @@ def check_codes(codes: np.ndarray, bits: int, *, name: str = "codes") -> np.ndar
     return np.ascontiguousarray(codes)
 
 
-class Payload(Protocol):
-    """The re-rank payload role (`lshdist.index.payload`): one entry per indexed row."""
-
-    kind: str
-
-    def __len__(self) -> int: ...
-
-    def arrays(self) -> dict[str, np.ndarray]: ...
-
-
 def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def check_state(*, window: int, hamming_keep: int, bits: int, codes: np.ndarray,
                 positions: np.ndarray, sorted_prefix: np.ndarray, sorted_rows: np.ndarray,
-                payload: Payload, ids: np.ndarray) -> None:
+                payload: RerankPayload, ids: np.ndarray) -> None:
     """Check that stored arrays form a fitted state the search kernels can read safely.
 
     Vectorised range checks, O(M N) once per load: ``codes`` uint64 (N, ceil(b/64));
@@ -148,8 +141,8 @@ class PermutationIndex:
         self.hamming_keep = hamming_keep
         self.seed = seed
 
-    def fit(self, codes: np.ndarray, bits: int, payload, ids: np.ndarray | None = None, *,
-            n_threads: int = 1):
+    def fit(self, codes: np.ndarray, bits: int, payload: RerankPayload,
+            ids: np.ndarray | None = None, *, n_threads: int = 1) -> PermutationIndex:
         """Build the lists from packed keys (N, words) and the re-rank payload
         (``n_threads`` threads over the permutations)."""
         codes = check_codes(codes, bits)
@@ -170,7 +163,7 @@ class PermutationIndex:
         # row numbers fit int32 for any segment below 2**31 rows: half the memory and disk
         sorted_rows = np.empty((M, N), dtype=np.int32 if N < 2**31 else np.int64)
 
-        def build(part):
+        def build(part: tuple[int, int]) -> None:
             lo, hi = part
             prefixes = permutation_prefixes(codes, positions[lo:hi])
             order = np.argsort(prefixes, axis=1, kind="stable")
@@ -191,7 +184,9 @@ class PermutationIndex:
         )
         return self
 
-    def _set_state(self, *, bits, codes, positions, sorted_prefix, sorted_rows, payload, ids):
+    def _set_state(self, *, bits: int, codes: np.ndarray, positions: np.ndarray,
+                   sorted_prefix: np.ndarray, sorted_rows: np.ndarray, payload: RerankPayload,
+                   ids: np.ndarray) -> None:
         self.bits_ = int(bits)
         self.codes_ = codes
         self.positions_ = positions
@@ -199,12 +194,12 @@ class PermutationIndex:
         self.sorted_rows_ = sorted_rows
         self.payload_ = payload
         self.ids_ = ids
-        self.n_permutations_ = positions.shape[0]
+        self.n_permutations_ = int(positions.shape[0])
 
     @classmethod
     def from_state(cls, *, window: int, hamming_keep: int, seed: int, bits: int,
                    codes: np.ndarray, positions: np.ndarray, sorted_prefix: np.ndarray,
-                   sorted_rows: np.ndarray, payload: Payload,
+                   sorted_rows: np.ndarray, payload: RerankPayload,
                    ids: np.ndarray) -> PermutationIndex:
         """Rebuild a fitted index from stored arrays (see `lshdist.store.index`).
 
@@ -229,9 +224,9 @@ class PermutationIndex:
         return idx
 
     def __len__(self) -> int:
-        return self._fitted().codes_.shape[0]
+        return int(self._fitted().codes_.shape[0])
 
-    def _fitted(self):
+    def _fitted(self) -> PermutationIndex:
         if not hasattr(self, "codes_"):
             raise NotFittedError(
                 "this PermutationIndex is not fitted; call fit(codes, bits, payload)")
@@ -256,8 +251,10 @@ class PermutationIndex:
         sp, sr = self.sorted_prefix_[:M], self.sorted_rows_[:M]
         if bulk:
             qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
-            return window_candidates_merge(sp, sr, qprefix, qorder, W)
-        return window_candidates_bsearch(sp, sr, qprefix, W)
+            cand: np.ndarray = window_candidates_merge(sp, sr, qprefix, qorder, W)
+        else:
+            cand = window_candidates_bsearch(sp, sr, qprefix, W)
+        return cand
 
     def _lists(self, n_permutations: int | None) -> int:
         M = self.n_permutations_
@@ -279,9 +276,10 @@ class PermutationIndex:
                        payload=self.payload_, ids=self.ids_)
         return out
 
-    def search(self, qcodes: np.ndarray, qpayload, k: int, *, bulk: bool = True,
+    def search(self, qcodes: np.ndarray, qpayload: RerankPayload, k: int, *, bulk: bool = True,
                n_threads: int = 1, n_permutations: int | None = None,
-               window: int | None = None, hamming_keep: int | None = None):
+               window: int | None = None, hamming_keep: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """Top-k by the exact learned distance among the candidates.
 
         Returns
@@ -307,7 +305,8 @@ class PermutationIndex:
         else:
             with ThreadPoolExecutor(len(parts)) as pool:
                 results = list(pool.map(
-                    lambda p: self._search_part(qcodes, qpayload, k, bulk, *p, op), parts))
+                    lambda p: self._search_part(qcodes, qpayload, k, bulk, p[0], p[1], op),
+                    parts))
         dist = np.concatenate([r[0] for r in results])
         rows = np.concatenate([r[1] for r in results])
         ids = np.where(rows >= 0, self.ids_[np.maximum(rows, 0)], -1)
@@ -315,7 +314,9 @@ class PermutationIndex:
                  "reranked": np.concatenate([r[3] for r in results])}
         return dist, ids, stats
 
-    def _search_part(self, qcodes, qpayload, k, bulk, lo, hi, op):
+    def _search_part(self, qcodes: np.ndarray, qpayload: RerankPayload, k: int, bulk: bool,
+                     lo: int, hi: int, op: tuple[int, int, int]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         qc = qcodes[lo:hi]
         M, W, H = op
         cand = self.candidates(qc, bulk=bulk, n_permutations=M, window=W)

@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -139,7 +139,7 @@ class Idf:
                 f"{text.get('feature_hash')!r}, this lshdist uses {TOKENIZER!r}/{FEATURE_HASH!r}; "
                 "re-ingest the training split"
             )
-        return cls.from_counts(ds.read_all())
+        return cls.from_counts(cast(SparseBlock, ds.read_all()))  # kind checked above
 
     def lookup(self, features: np.ndarray) -> np.ndarray:
         """IDF of each of ``features`` (uint64); 0.0 for a feature the corpus never had."""

@@ -21,13 +21,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
 import zarr
+from numpy.typing import ArrayLike
 
-from lshdist.blocks import SparseBlock
+from lshdist.blocks import Block, RowsLike, SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
@@ -45,10 +46,10 @@ def _shard_bounds(n: int, shard_rows: int) -> np.ndarray:
 
 def write_dataset(
     path: str | os.PathLike[str],
-    X,
-    y=None,
+    X: RowsLike,
+    y: ArrayLike | None = None,
     *,
-    ids=None,
+    ids: ArrayLike | None = None,
     classes: list[str] | None = None,
     d: int | None = None,
     shard_rows: int = DEFAULT_SHARD_ROWS,
@@ -74,10 +75,10 @@ def write_dataset(
     if not isinstance(shard_rows, (int, np.integer)) or shard_rows < 1:
         raise InputError(f"shard_rows={shard_rows!r}: the shard size must be an integer >= 1")
     if isinstance(X, SparseBlock) or sp.issparse(X):
-        if sp.issparse(X):
+        if not isinstance(X, SparseBlock):  # a scipy sparse matrix
             check_finite(sp.csr_matrix(X))
             if d is None:
-                d = int(X.shape[1])
+                d = int(np.shape(X)[1])
             X = SparseBlock.from_csr(X)
         check_finite(X.matrix)
         if not X.matrix.has_canonical_format:  # the format promises sorted, unique ids per row
@@ -113,7 +114,7 @@ def write_dataset(
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         nnz = None
-        if kind == "dense":
+        if not isinstance(X, SparseBlock):  # kind == "dense"
             g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)))
         else:
             indptr, indices, data = X.to_arrays()
@@ -285,7 +286,7 @@ class Dataset:
             with self._reading(f"{where} of X"):
                 if self.kind == "dense":
                     block = self.read_rows(shard.start, shard.stop)
-                    if not np.isfinite(block).all():
+                    if not np.isfinite(cast(np.ndarray, block)).all():  # dense rows
                         raise self._damaged(f"{where} of X hold NaN or infinite values")
                     continue
                 indptr = np.asarray(self._array("X/indptr")[shard.start:shard.stop + 1])
@@ -368,7 +369,7 @@ class Dataset:
 
     # -- data -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _reading(self, what: str):
+    def _reading(self, what: str) -> Iterator[None]:
         # a damaged chunk surfaces as a codec error (RuntimeError, ValueError...): say so
         try:
             yield
@@ -385,7 +386,7 @@ class Dataset:
         with self._reading("y"):
             if "y" not in self._group:
                 return None
-            y = np.asarray(self._group["y"][:])
+            y = np.asarray(self._array("y")[:])
         n_classes = len(self.classes or [])
         if len(y) and (y.min() < 0 or y.max() >= n_classes):
             raise self._damaged(f"label codes run from {y.min()} to {y.max()}, outside the "
@@ -394,43 +395,44 @@ class Dataset:
 
     def ids(self) -> np.ndarray:
         with self._reading("ids"):
-            return np.asarray(self._group["ids"][:], dtype=np.int64)
+            return np.asarray(self._array("ids")[:], dtype=np.int64)
 
-    def read_rows(self, start: int, stop: int):
+    def read_rows(self, start: int, stop: int) -> Block:
         """Rows ``start:stop``: a float32 array, or a `SparseBlock`."""
         with self._reading(f"rows {start}:{stop} of X"):
             if self.kind == "dense":
-                return np.ascontiguousarray(self._group["X"][start:stop], dtype=np.float32)
-            indptr = np.asarray(self._group["X/indptr"][start : stop + 1], dtype=np.int64)
+                return np.ascontiguousarray(self._array("X")[start:stop], dtype=np.float32)
+            indptr = np.asarray(self._array("X/indptr")[start : stop + 1], dtype=np.int64)
             lo, hi = int(indptr[0]), int(indptr[-1])
-            indices = np.asarray(self._group["X/indices"][lo:hi], dtype=np.uint64)
-            data = np.asarray(self._group["X/data"][lo:hi], dtype=np.float32)
+            indices = np.asarray(self._array("X/indices")[lo:hi], dtype=np.uint64)
+            data = np.asarray(self._array("X/data")[lo:hi], dtype=np.float32)
             return SparseBlock.from_arrays(indptr - lo, indices, data)
 
-    def read_shard(self, i: int):
+    def read_shard(self, i: int) -> Block:
         """Shard ``i`` alone (dense array or `SparseBlock`)."""
         if not 0 <= i < self.n_shards:
             raise InputError(f"shard {i} out of range: the dataset has {self.n_shards} shards")
         b = self.shard_bounds
         return self.read_rows(int(b[i]), int(b[i + 1]))
 
-    def iter_shards(self) -> Iterator:
+    def iter_shards(self) -> Iterator[Block]:
         for i in range(self.n_shards):
             yield self.read_shard(i)
 
-    def read_all(self):
+    def read_all(self) -> Block:
         """The whole dataset in memory (driver-side use on small data only)."""
         return self.read_rows(0, self.n)
 
-    def to_dask(self):
+    def to_dask(self) -> Any:
         """Dense: a lazy ``dask.array`` (one chunk a shard).  Sparse: one delayed per shard."""
-        import dask
         import dask.array as da
+        from dask.delayed import delayed
 
         if self.kind == "dense":
-            return da.from_zarr(self._group["X"])
-        return [dask.delayed(_read_shard)(str(self.path), i) for i in range(self.n_shards)]
+            # dask is partly annotated: from_zarr is not (an untyped call into a dependency)
+            return da.from_zarr(self._array("X"))  # type: ignore[no-untyped-call]
+        return [delayed(_read_shard)(str(self.path), i) for i in range(self.n_shards)]
 
 
-def _read_shard(path: str, i: int):
+def _read_shard(path: str, i: int) -> Block:
     return Dataset(path).read_shard(i)
