@@ -33,6 +33,7 @@ import numpy as np
 import zarr
 
 from lshdist.errors import FormatError, InputError
+from lshdist.index.calibrate import Calibration
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.store.atomic import atomic_write_text
@@ -72,6 +73,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "learned": (_BOOL, "true or false"),
     "segments": ((list,), "a list of segment entries"),
     "rows": (_INT, "an integer >= 0"),
+    "calibration": ((dict,), "the calibration record (curve and chosen operating point)"),
     "checksum": (_STR, "a sha256 hex digest"),
 }
 _ENTRY_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -293,6 +295,11 @@ def _check_manifest(meta: dict[str, Any], path: Path) -> None:
     if bad:
         raise FormatError(f"{where}: {', '.join(f'{k}={meta[k]!r}' for k in bad)} out of range "
                           f"({'; '.join(_FIELDS[k][1] for k in bad)}); {_REBUILD}")
+    try:
+        Calibration.from_json(meta["calibration"], where="its calibration")
+    except FormatError as exc:
+        raise FormatError(f"{where}: calibration={str(meta['calibration'])[:40]!r}... is not a "
+                          f"calibration record ({exc})") from None
     seen: set[str] = set()
     total = 0
     for i, entry in enumerate(meta["segments"]):

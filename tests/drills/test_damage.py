@@ -160,12 +160,14 @@ def _other(v: Any) -> Any:
         return v[:-1]
     if v is None:
         return 3
+    if isinstance(v, dict):
+        return {**v, "target": 0.5}
     raise AssertionError(type(v))
 
 
 MANIFEST_KEYS = ["format", "version", "model", "model_checksum", "kind", "d", "bits", "epsilon",
                  "permutations", "window", "hamming_keep", "seed", "learned", "segments", "rows",
-                 "checksum"]
+                 "calibration", "checksum"]
 ENTRY_KEYS = ["name", "rows", "permutations", "checksum", "source", "start", "stop"]
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from lshdist.errors import FormatError, InputError
+from lshdist.index.calibrate import Calibration
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.store.index import (
@@ -48,7 +49,9 @@ def base_manifest() -> dict:
     return {"format": FORMAT, "version": VERSION, "model": "/m", "model_checksum": "a" * 64,
             "kind": "explicit", "d": 5, "bits": BITS, "epsilon": None, "permutations": 4,
             "window": 2, "hamming_keep": 0, "seed": 0, "learned": True, "segments": [],
-            "rows": 0}
+            "rows": 0, "calibration": Calibration(
+                k=10, target=0.9, n_database=1, n_queries=1, scan_seconds_per_query=1e-3,
+                points=(), mode="scan", chosen=None, reason="a test manifest").to_json()}
 
 
 @pytest.fixture
