@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lshdist.errors import FormatError, InputError
+from lshdist.index.calibrate import Calibration
 from lshdist.store.dataset import FORMAT as DATASET_FORMAT
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import FORMAT as INDEX_FORMAT
@@ -45,9 +46,31 @@ def describe_index(path: Path) -> dict[str, Any]:
     return {"format": f"{m['format']} v{m['version']}", "path": str(path), "rows": m.get("rows"),
             "model": m["model"], "model_checksum": m["model_checksum"], "kind": m["kind"],
             "bits": m["bits"], "window": m["window"], "hamming_keep": m["hamming_keep"],
+            "permutations": m["permutations"],
             "learned_hash": m["learned"], "n_segments": len(segs), "segments": segs,
+            **_calibration(m),
             # a running build's segments, or a failed one's leftovers (`lshdist gc`)
             "orphans": orphans or None}
+
+
+def _calibration(m: dict[str, Any]) -> dict[str, Any]:
+    """The calibration's choice and its curve: the points no cheaper point beats in recall
+    (the trade-off frontier, by `Point.cost`), as lines ``M W H recall %searched [ms/query]``."""
+    cal = Calibration.from_json(m["calibration"])
+    frontier, top = [], -1.0
+    for p in sorted(cal.points, key=lambda p: p.cost(cal.width)):
+        if p.recall > top:
+            frontier.append(p)
+            top = p.recall
+    curve = [f"M={p.permutations:<4} W={p.window:<3} H={p.hamming_keep:<5} recall "
+             f"{p.recall:.3f}  searched {100 * p.fraction_searched:6.2f}%"
+             + (f"  {1e3 * p.seconds_per_query:.3f} ms/query" if p.seconds_per_query else "")
+             for p in frontier]
+    return {"calibration": f"{cal.mode} at target recall@{cal.k} {cal.target:g}: {cal.reason} "
+                           f"({cal.n_queries} sample queries on {cal.n_database} rows, "
+                           f"{cal.seconds:.1f}s; scan {1e3 * cal.scan_seconds_per_query:.3f} "
+                           "ms/query)",
+            "calibration_curve": curve}
 
 
 #: directory kinds by the ``format`` they declare
