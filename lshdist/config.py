@@ -265,6 +265,19 @@ class LearnConfig(Section):
     tol: float = opt(1e-3, _float(), "convergence tolerance")
     prior: str = opt("identity", _choice("identity", "inverse-covariance"), "explicit: prior A0")
     seed: int = opt(0, SEED, "seed of the constraints and the basis")
+    validation: float = opt(0.2, _float(0.0, 0.5),
+                            "fraction of the labelled rows held out (stratified, at most 2000) to "
+                            "compare the learned metric with the prior")
+    validation_k: int = opt(10, POSITIVE, "held-out k-NN accuracy is reported at k=1 and this k")
+    no_search: bool = opt(False, _flag(), "fit the given ITML setting only (no grid search)")
+    budget: float = opt(120.0, _float(), "seconds the grid search may take (the given setting "
+                                         "is always tried)", metavar="SECONDS")
+    force_learned: bool = opt(False, _flag(),
+                              "keep the learned metric even when it does not beat the prior on "
+                              "the held-out rows")
+    sample: int = opt(20_000, POSITIVE,
+                      "labelled rows read to learn from (stratified; a larger dataset is "
+                      "sampled shard by shard, never loaded whole)", metavar="n")
 
 
 @dataclass(frozen=True)
@@ -315,7 +328,8 @@ class QueryConfig(Section):
                                       "another operating point of the index's calibration "
                                       "curve (default: the one chosen at build time)",
                                       metavar="R")
-    query_chunk: int = opt(5_000, POSITIVE, "queries per task", metavar="n")
+    query_chunk: int = opt(1_000, POSITIVE, "queries per task (with two chunks in flight per "
+                           "worker, this bounds the query memory)", metavar="n")
 
 
 @dataclass(frozen=True)

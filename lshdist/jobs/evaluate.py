@@ -12,7 +12,7 @@ from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
 from lshdist.errors import InputError
 from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
 from lshdist.jobs.common import int_list, positive_int
-from lshdist.jobs.learn import learn
+from lshdist.jobs.learn import learn, validation_line
 from lshdist.plots import plot_bits, plot_recall
 from lshdist.store.atomic import atomic_dir, check_output
 from lshdist.store.dataset import Dataset
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             plot_bits(bits, records, tmp / "accuracy_vs_bits.png")
             plot_recall(wins, tmp / "recall_vs_searched.png")
     _print_table(records)
+    print(validation_line(learn_info))
     return 0
 
 

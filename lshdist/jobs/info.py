@@ -33,9 +33,22 @@ def describe_dataset(path: Path) -> dict[str, Any]:
 
 def describe_model(path: Path) -> dict[str, Any]:
     meta = read_model_meta(path)
-    return {"format": f"{meta['format']} v{meta['version']}", "path": str(path),
-            "kind": meta["kind"], "kernel": meta.get("kernel"), "d": meta["d"], "c": meta.get("c"),
-            "seed": meta["seed"], "checksum": meta["checksum"], "params": meta.get("params", {})}
+    params = dict(meta.get("params", {}))
+    sel = params.pop("selection", None)
+    out = {"format": f"{meta['format']} v{meta['version']}", "path": str(path),
+           "kind": meta["kind"], "kernel": meta.get("kernel"), "d": meta["d"], "c": meta.get("c"),
+           "seed": meta["seed"], "checksum": meta["checksum"], "params": params}
+    if isinstance(sel, dict):
+        def acc(a: dict[str, float]) -> str:
+            return ", ".join(f"{k}-NN {100 * v:.2f}%" for k, v in a.items())
+
+        out["selected"] = f"{sel['selected']} — {sel['reason']}"
+        out["validation"] = (f"held-out {sel['n_validation']} rows (grid fitted on the other "
+                             f"{sel['n_train']}): prior {acc(sel['prior_accuracy'])}; learned "
+                             f"'{sel['setting']}' {acc(sel['learned_accuracy'])}")
+        out["selection_grid"] = [f"{t['name']:<14} {acc(t['accuracy'])}  ({t['seconds']:.1f}s)"
+                                 for t in sel.get("trials", [])]
+    return out
 
 
 def describe_index(path: Path) -> dict[str, Any]:

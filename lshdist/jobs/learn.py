@@ -12,6 +12,7 @@ from lshdist.blocks import SparseBlock
 from lshdist.config import LearnConfig, add_options, from_args
 from lshdist.errors import InputError
 from lshdist.metric.itml import ITML, KernelITML
+from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.model import save_model
@@ -44,20 +45,45 @@ def learner_from_config(cfg: LearnConfig, *, sparse: bool) -> tuple[ITML | Kerne
 
 
 def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
-    """Fit the metric on a dataset; returns ``(metric, params, seconds)``."""
-    y = data.labels()
-    if y is None:
+    """Choose and fit the metric on a dataset (`lshdist.metric.selection`); returns
+    ``(metric, params, seconds)``.  Reads at most ``cfg.sample`` rows, shard by shard."""
+    y_all = data.labels()
+    if y_all is None:
         raise InputError(f"dataset {str(data.path)!r} has no labels; ITML draws its "
                          "constraints from labels (ingest with labels)")
-    X = data.read_all()
+    rows = sample_rows_stratified(y_all, cfg.sample, cfg.seed)
+    X = data.read_row_set(rows)
+    y = y_all[rows]
+    if len(rows) < data.n:
+        log.info("learning from a stratified sample of %d of %d rows", len(rows), data.n)
     est, params = learner_from_config(cfg, sparse=isinstance(X, SparseBlock))
     t0 = time.perf_counter()
-    est.fit(X, y)
+    metric, fitted, sel = select_metric(
+        lambda changes: replace_params(est, changes), params["kind"], X, y, d=data.d,
+        ks=[cfg.validation_k], validation=cfg.validation, budget=cfg.budget,
+        force_learned=cfg.force_learned, search=not cfg.no_search, seed=cfg.seed,
+        n_classes=int(y_all.max()) + 1)
     secs = time.perf_counter() - t0
-    params.update(n_iter=int(est.n_iter_), conv=float(est.conv_), bounds=list(est.bounds_),
-                  n_pairs=len(est.pairs_), seconds=round(secs, 3))
-    metric = est.metric(d=data.d) if isinstance(est, KernelITML) else est.metric()
+    chosen = next(t.changes for t in sel.trials if t.name == sel.setting)
+    params.update(chosen)
+    if fitted is not None:
+        params.update(n_iter=int(fitted.n_iter_), conv=float(fitted.conv_),
+                      bounds=list(fitted.bounds_), n_pairs=len(fitted.pairs_))
+    params.update(selected=sel.selected, selection=sel.to_json(), sample_rows=len(rows),
+                  seconds=round(secs, 3))
     return metric, params, secs
+
+
+def validation_line(params: dict[str, Any]) -> str:
+    """One line: which metric was kept and the held-out accuracies behind the choice."""
+    sel = params.get("selection")
+    if not isinstance(sel, dict):
+        return "validation: none recorded (a model from an older lshdist, or given by --model)"
+    acc = ", ".join(f"{k}-NN prior {100 * p:.2f}% / learned "
+                    f"{100 * sel['learned_accuracy'][k]:.2f}%"
+                    for k, p in sel["prior_accuracy"].items())
+    return (f"validation ({sel['n_validation']} held-out rows): {acc}; selected "
+            f"{sel['selected']} ({sel['setting']})")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -80,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
     metric, params, secs = learn(data, cfg)
     checksum = save_model(args.out, metric, params=params, seed=cfg.seed,
                           overwrite=args.overwrite)
-    sys.stdout.write(f"learned a {params['kind']} metric on {data.n} points "
-                     f"({params['n_pairs']} pairs, {params['n_iter']} passes, {secs:.1f}s) -> "
-                     f"{args.out} (checksum {checksum[:12]})\n")
+    sel = params["selection"]
+    what = (f"learned a {params['kind']} metric ({sel['setting']}, {params['n_pairs']} pairs, "
+            f"{params['n_iter']} passes)" if params["selected"] == "learned"
+            else f"kept the {params['kind']} prior (no learned metric helps)")
+    sys.stdout.write(f"{what} from {params['sample_rows']} of {data.n} rows in {secs:.1f}s; "
+                     f"held-out 1-NN: prior {100 * sel['prior_accuracy']['1']:.2f}%, learned "
+                     f"{100 * sel['learned_accuracy']['1']:.2f}% -> {args.out} "
+                     f"(checksum {checksum[:12]})\n")
     return 0

@@ -37,10 +37,11 @@ from lshdist.config import DataSpec, QueryConfig, RunConfig, load_run_config
 from lshdist.errors import InputError
 from lshdist.evaluation import knn_predict
 from lshdist.jobs.common import client_from_config
+from lshdist.jobs.learn import learn, validation_line
 from lshdist.store.atomic import artefact_kind, atomic_write_text
 from lshdist.store.dataset import Dataset, write_dataset
 from lshdist.store.index import read_manifest
-from lshdist.store.model import save_model
+from lshdist.store.model import read_model_meta, save_model
 from lshdist.store.results import read_results, rows_of
 
 log = logging.getLogger(__name__)
@@ -133,11 +134,10 @@ def run(args: argparse.Namespace) -> int:
     model = work / "model"
     t = time.perf_counter()
     if not model.exists():
-        from lshdist.jobs.learn import learn
-
         metric, params, _ = learn(train, cfg.learn)
         save_model(model, metric, params=params, seed=cfg.learn.seed)
     times["learn"] = time.perf_counter() - t
+    learned = read_model_meta(model).get("params", {})
     index = work / "index"
     build = plan_build(data=str(train.path), model=str(model), out=str(index), cfg=cfg.index,
                        overwrite=index.exists())
@@ -165,12 +165,14 @@ def run(args: argparse.Namespace) -> int:
     found["operating_point"] = q_point(index)
     times["evaluate"] = time.perf_counter() - t
     report = {"name": cfg.name, "scan": scan, "search": found,
+              "validation": learned.get("selection"),
               "seconds": {k: round(v, 3) for k, v in times.items()},
               "speedup_query": times["query-scan"] / times["query-search"]}
     atomic_write_text(work / "report.json", json.dumps(report, indent=2))
     if cfg.evaluate.plots:
         _plots(train, test, model, cfg, work)
     _print_report(cfg, train, test, ks, scan, found, times)
+    sys.stdout.write(validation_line(learned) + "\n")
     return 0
 
 

@@ -28,7 +28,7 @@ import scipy.sparse as sp
 import zarr
 from numpy.typing import ArrayLike
 
-from lshdist.blocks import Block, RowsLike, SparseBlock
+from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_sparse
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
@@ -407,6 +407,24 @@ class Dataset:
             indices = np.asarray(self._array("X/indices")[lo:hi], dtype=np.uint64)
             data = np.asarray(self._array("X/data")[lo:hi], dtype=np.float32)
             return SparseBlock.from_arrays(indptr - lo, indices, data)
+
+    def read_row_set(self, rows: np.ndarray) -> Block:
+        """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds one
+        shard and the selected rows, never the whole dataset."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows[0] < 0 or rows[-1] >= self.n or np.any(np.diff(rows) <= 0)):
+            raise InputError(f"row numbers must be sorted, unique and in 0..{self.n - 1}")
+        b = self.shard_bounds
+        parts: list[Block] = []
+        for i in range(self.n_shards):
+            lo, hi = np.searchsorted(rows, [b[i], b[i + 1]])
+            if hi > lo:
+                parts.append(take_rows(self.read_rows(int(b[i]), int(b[i + 1])),
+                                       rows[lo:hi] - b[i]))
+        if self.kind == "dense":
+            return (np.concatenate(parts) if parts  # type: ignore[arg-type]
+                    else np.zeros((0, self.d), np.float32))
+        return vstack_sparse(parts)  # type: ignore[arg-type]
 
     def read_shard(self, i: int) -> Block:
         """Shard ``i`` alone (dense array or `SparseBlock`)."""

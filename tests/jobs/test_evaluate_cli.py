@@ -12,7 +12,9 @@ def test_evaluate_writes_summary_and_plots(tmp_path, capsys):
     out = tmp_path / "ev"
     assert main(["evaluate", "--train", str(tmp_path / "tr"), "--test", str(tmp_path / "te"),
                  "--out", str(out), "--constraints", "1000", "--bits", "64",
-                 "--permutations", "20", "--window", "4", "--sweep-bits", "16,64",
+                 "--no-search", "--force-learned",  # the thresholds are of this learned metric
+                 "--permutations", "20", "--window", "4", "--hamming-keep", "0",
+                 "--sweep-bits", "16,64",
                  "--sweep-window", "1,4"]) == 0
     records = json.loads((out / "summary.json").read_text())
     assert {(r["setting"], r["k"]) for r in records} == {

@@ -1,0 +1,120 @@
+"""Metric selection: validation, grid, fallback to the prior, learning from a sample."""
+
+import numpy as np
+import pytest
+
+from lshdist.config import LearnConfig
+from lshdist.jobs.learn import learn
+from lshdist.metric.learned import ExplicitMetric
+from lshdist.metric.selection import sample_rows_stratified, stratified_split
+from lshdist.store.dataset import Dataset, write_dataset
+
+
+def _signal_in_one_feature(n=1200, d=8, seed=0):
+    """Labels carried by feature 0 only, buried under 7 large noise features: L2 ignores it,
+    a learned metric that stretches feature 0 finds it."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, size=n)
+    X = rng.normal(scale=3.0, size=(n, d)).astype(np.float32)
+    X[:, 0] = y * 1.0 + rng.normal(scale=0.15, size=n)
+    return X, y
+
+
+def _no_signal(n=1200, d=8, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 4, size=n)
+
+
+def test_stratified_split_keeps_every_class_and_the_cap():
+    y = np.repeat(np.arange(5), [50, 30, 10, 5, 2])
+    tr, va = stratified_split(y, 0.2, seed=0)
+    assert set(np.unique(y[va])) == set(range(5)) and len(np.intersect1d(tr, va)) == 0
+    assert len(tr) + len(va) == len(y)
+    assert abs(len(va) - 0.2 * len(y)) <= 5
+    _, va2 = stratified_split(np.repeat(np.arange(2), 10_000), 0.2, seed=0)
+    assert len(va2) <= 2000
+
+
+def test_a_metric_that_helps_is_learned(tmp_path, caplog):
+    X, y = _signal_in_one_feature()
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    metric, params, _ = learn(ds, LearnConfig(constraints=2000, budget=60))
+    sel = params["selection"]
+    assert params["selected"] == "learned" and not isinstance(metric, type(None))
+    assert sel["learned_accuracy"]["1"] >= sel["prior_accuracy"]["1"] + 0.1
+    assert "beats the prior" not in caplog.text
+
+
+def test_no_signal_keeps_the_prior_with_a_warning(tmp_path, caplog):
+    X, y = _no_signal()
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    metric, params, _ = learn(ds, LearnConfig(constraints=1000, budget=30))
+    assert params["selected"] == "prior"
+    assert isinstance(metric, ExplicitMetric) and metric.is_identity
+    assert "no learned setting beats the prior" in caplog.text
+    sel = params["selection"]
+    assert f"{100 * sel['prior_accuracy']['1']:.2f}%" in caplog.text  # both numbers named
+    forced, p2, _ = learn(ds, LearnConfig(constraints=1000, budget=30, force_learned=True))
+    assert p2["selected"] == "learned" and not forced.is_identity
+
+
+def test_same_seed_same_selection(tmp_path):
+    X, y = _signal_in_one_feature(seed=4)
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    cfg = LearnConfig(constraints=1000, budget=1e6, seed=7)
+    (m1, p1, _), (m2, p2, _) = learn(ds, cfg), learn(ds, cfg)
+    strip = lambda s: [(t["name"], t["accuracy"]) for t in s["trials"]]  # noqa: E731
+    assert strip(p1["selection"]) == strip(p2["selection"])
+    assert p1["selection"]["setting"] == p2["selection"]["setting"]
+    assert np.array_equal(m1.A, m2.A)
+
+
+def test_learn_reads_a_sample_shard_by_shard_never_the_whole_dataset(tmp_path, monkeypatch):
+    X, y = _signal_in_one_feature(n=3000)
+    write_dataset(tmp_path / "d", X, y, shard_rows=250)
+    reads = []
+    real = Dataset.read_rows
+
+    def limited(self, start, stop):
+        assert stop - start <= 250, "more than one shard read at once"
+        reads.append(stop - start)
+        return real(self, start, stop)
+
+    def refuse(self):
+        raise MemoryError("read_all: the dataset is larger than the driver's memory")
+
+    monkeypatch.setattr(Dataset, "read_rows", limited)
+    monkeypatch.setattr(Dataset, "read_all", refuse)
+    _metric, params, _ = learn(Dataset(tmp_path / "d"), LearnConfig(constraints=1000, sample=900,
+                                                                   no_search=True))
+    assert params["sample_rows"] == len(sample_rows_stratified(y, 900, 0)) <= 910
+    assert params["selection"]["n_train"] + params["selection"]["n_validation"] == \
+        params["sample_rows"]
+    assert sum(reads) == 3000  # every shard read once (labels are stratified over all rows)
+
+
+def test_model_json_and_info_carry_the_validation(tmp_path, capsys):
+    from lshdist.cli import main
+
+    X, y = _signal_in_one_feature(n=800)
+    write_dataset(tmp_path / "d", X, y, shard_rows=400)
+    assert main(["learn", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m"),
+                 "--constraints", "800", "--no-search"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out 1-NN: prior" in out
+    assert main(["info", str(tmp_path / "m")]) == 0
+    info = capsys.readouterr().out
+    assert "validation" in info and "prior" in info and "learned" in info
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.7])
+def test_bad_validation_fraction(tmp_path, capsys, frac):
+    from lshdist.cli import main
+
+    X, y = _no_signal(n=100)
+    write_dataset(tmp_path / "d", X, y)
+    with pytest.raises(SystemExit) as e:
+        main(["learn", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m"),
+              "--validation", str(frac)])
+    assert e.value.code == 2
+    assert "expected a number > 0 and <= 0.5" in capsys.readouterr().err
