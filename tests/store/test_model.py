@@ -57,9 +57,10 @@ def test_learn_cli_writes_a_model(tmp_path, capsys):
     s = load_digits()
     write_dataset(tmp_path / "d", s.X_train, s.y_train, classes=s.classes)
     assert main(["learn", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m"),
-                 "--constraints", "500"]) == 0
+                 "--constraints", "500", "--no-search", "--force-learned"]) == 0
     m, meta = load_model(tmp_path / "m")
     assert meta["params"]["n_pairs"] == 500 and m.d == 64
+    assert meta["params"]["selection"]["selected"] == "learned"  # forced
     assert main(["info", str(tmp_path / "m")]) == 0
     assert "lshdist-model" in capsys.readouterr().out
     assert main(["learn", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "m")]) == 2
