@@ -218,6 +218,8 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
         try:
             est.fit(Xtr, ytr)
         except InputError as exc:  # e.g. c*2 basis points on a small dataset
+            if name == "given":
+                raise  # the user's own setting must fit: its message says why it cannot
             log.info("selection: %s skipped (%s)", name, exc)
             continue
         m = metric_of(est)
