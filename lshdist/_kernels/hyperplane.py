@@ -1,0 +1,184 @@
+"""Hyperplane-query hashing (Jain, Vijayanarasimhan & Grauman, NIPS 2010) and its re-rank.
+
+EH-Hash bit ``b`` of a row x is ``[x^T U_b x >= 0]`` with ``U_b[i, j]`` a counter-based standard
+normal of ``(seed, b, pair_key(f_i, f_j))``: generated only for the pairs of features a row has,
+so no d x d matrix exists for sparse data, and every worker draws the same U.
+"""
+
+import numpy as np
+from numba import njit
+
+from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, splitmix64
+from lshdist._kernels.search import _topk
+
+
+@njit(cache=True, nogil=True)
+def pair_key(fi, fj):
+    """The counter of entry (i, j) of U: ordered (U need not be symmetric), uint64."""
+    return splitmix64(splitmix64(fi) + fj * _GOLDEN)
+
+
+@njit(cache=True, nogil=True)
+def _add_gaussians(out, r, s, key, w, bits):
+    """``out[r, b] += w * U_b`` for the pair counter ``key``: the same Box-Muller stream as
+    `lshdist._kernels.hashing.gaussian_rows` (entry (key, b))."""
+    k = splitmix64(s ^ key)
+    for t in range((bits + 1) // 2):
+        z1 = splitmix64(k + np.uint64(2 * t) * _GOLDEN)
+        z2 = splitmix64(k + np.uint64(2 * t + 1) * _GOLDEN)
+        u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
+        u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
+        rad = np.sqrt(-2.0 * np.log(u1))
+        out[r, 2 * t] += w * rad * np.cos(2.0 * np.pi * u2)
+        if 2 * t + 1 < bits:
+            out[r, 2 * t + 1] += w * rad * np.sin(2.0 * np.pi * u2)
+
+
+@njit(cache=True, nogil=True)
+def eh_project_csr(indptr, indices, data, seed, bits):
+    """``x^T U_b x`` for every CSR row and bit: float64 (n, bits).
+
+    indptr int64 (n+1,); indices uint64 (nnz,) feature ids; data float (nnz,).
+    O(nnz_row^2 * bits) per row: every ordered pair of the row's nonzeros.
+    """
+    n = indptr.shape[0] - 1
+    out = np.zeros((n, bits))
+    s = splitmix64(np.uint64(seed))
+    for r in range(n):
+        for p in range(indptr[r], indptr[r + 1]):
+            xp = np.float64(data[p])
+            fp = indices[p]
+            for q in range(indptr[r], indptr[r + 1]):
+                _add_gaussians(out, r, s, pair_key(fp, indices[q]), xp * np.float64(data[q]),
+                               bits)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _draw(cdf, u):
+    """Index i with ``cdf[i-1] <= u * cdf[-1] < cdf[i]`` (inverse-CDF sampling)."""
+    return min(np.searchsorted(cdf, u * cdf[-1], side="right"), cdf.shape[0] - 1)
+
+
+@njit(cache=True, nogil=True)
+def eh_sample_pairs(indptr, indices, data, t, row_seeds):
+    """The sampled query embedding of NIPS 2010 Lemma 3.4, for every CSR row w.
+
+    ``v = vec(w w^T)`` is replaced by a vector with at most t nonzeros: t entries
+    ``(i, j)`` drawn i.i.d. with probability ``v_ij^2 / ||v||^2 = (w_i^2/||w||^2)(w_j^2/||w||^2)``
+    (i and j drawn independently from ``w_i^2 / ||w||^2``), each weighted ``v_ij / (t p_ij)
+    = ||w||^4 / (t w_i w_j)``, so that ``E[u^T v~] = u^T v`` for any u.  Draws are counter-based
+    from ``row_seeds[r]`` (one per row, e.g. from the row's content).
+
+    Returns fi uint64 (n, t), fj uint64 (n, t), weights float64 (n, t) (0 for an all-zero row).
+    """
+    n = indptr.shape[0] - 1
+    fi = np.zeros((n, t), dtype=np.uint64)
+    fj = np.zeros((n, t), dtype=np.uint64)
+    wt = np.zeros((n, t))
+    for r in range(n):
+        lo, hi = indptr[r], indptr[r + 1]
+        m = hi - lo
+        if m == 0:
+            continue
+        cdf = np.empty(m)
+        acc = 0.0
+        for p in range(m):
+            x = np.float64(data[lo + p])
+            acc += x * x
+            cdf[p] = acc
+        if acc == 0.0:
+            continue
+        scale = acc * acc / t
+        key = splitmix64(row_seeds[r])
+        for s in range(t):
+            z1 = splitmix64(key + np.uint64(2 * s) * _GOLDEN)
+            z2 = splitmix64(key + np.uint64(2 * s + 1) * _GOLDEN)
+            a = _draw(cdf, (np.float64(z1 >> _S11) + 0.5) * _TWO53)
+            b = _draw(cdf, (np.float64(z2 >> _S11) + 0.5) * _TWO53)
+            fi[r, s] = indices[lo + a]
+            fj[r, s] = indices[lo + b]
+            wt[r, s] = scale / (np.float64(data[lo + a]) * np.float64(data[lo + b]))
+    return fi, fj, wt
+
+
+@njit(cache=True, nogil=True)
+def eh_project_pairs(fi, fj, wt, seed, bits):
+    """``u_b^T v~ = sum_s wt[r, s] U_b[fi[r, s], fj[r, s]]``: float64 (n, bits).  O(t bits)
+    per row, whatever the row's length."""
+    n, t = wt.shape
+    out = np.zeros((n, bits))
+    s = splitmix64(np.uint64(seed))
+    for r in range(n):
+        for j in range(t):
+            if wt[r, j] != 0.0:
+                _add_gaussians(out, r, s, pair_key(fi[r, j], fj[r, j]), wt[r, j], bits)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def content_seeds(indptr, indices, bits_of_data, seed):
+    """A uint64 per CSR row from its feature ids and the bit patterns of its values (and
+    ``seed``): the sampling of a query depends on the query alone, not on its chunk."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n, dtype=np.uint64)
+    for r in range(n):
+        h = splitmix64(np.uint64(seed))
+        for p in range(indptr[r], indptr[r + 1]):
+            h = splitmix64(h ^ indices[p])
+            h = splitmix64(h ^ bits_of_data[p])
+        out[r] = h
+    return out
+
+
+@njit(cache=True, nogil=True)
+def rerank_margin_dense(offsets, rows, X, Wq, inv_norm, k, tiebreak):
+    """``|w^T x| / ||w||`` of every candidate (CSR ``offsets``/``rows``), top-k ascending, ties
+    by ``tiebreak[row]``.  X float32 (N, d); Wq float64 (Q, d); inv_norm float64 (Q,).
+    Returns float32 (Q, k) (inf padded), int64 rows (Q, k) (-1 padded)."""
+    Q = Wq.shape[0]
+    d = X.shape[1]
+    out_d = np.full((Q, k), np.inf, dtype=np.float32)
+    out_r = np.full((Q, k), -1, dtype=np.int64)
+    for q in range(Q):
+        lo, hi = offsets[q], offsets[q + 1]
+        r = rows[lo:hi]
+        dist = np.empty(hi - lo)
+        for t in range(hi - lo):
+            s = 0.0
+            x = X[r[t]]
+            for j in range(d):
+                s += np.float64(x[j]) * Wq[q, j]
+            dist[t] = abs(s) * inv_norm[q]
+        _topk(dist, r, k, out_d, out_r, q, tiebreak)
+    return out_d, out_r
+
+
+@njit(cache=True, nogil=True)
+def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr, qlocal, qdata,
+                         inv_norm, k, tiebreak):
+    """`rerank_margin_dense` for CSR database rows over local feature numbers (``qlocal``: -1
+    for a query feature no database row has).  Each query is scattered once into a dense
+    buffer; ``w^T x`` is a gather over the candidate's nonzeros."""
+    Q = inv_norm.shape[0]
+    out_d = np.full((Q, k), np.inf, dtype=np.float32)
+    out_r = np.full((Q, k), -1, dtype=np.int64)
+    qdense = np.zeros(n_features)
+    for q in range(Q):
+        for j in range(qindptr[q], qindptr[q + 1]):
+            if qlocal[j] >= 0:
+                qdense[qlocal[j]] = qdata[j]
+        lo, hi = offsets[q], offsets[q + 1]
+        r = rows[lo:hi]
+        dist = np.empty(hi - lo)
+        for t in range(hi - lo):
+            i = r[t]
+            s = 0.0
+            for p in range(indptr[i], indptr[i + 1]):
+                s += np.float64(data[p]) * qdense[local[p]]
+            dist[t] = abs(s) * inv_norm[q]
+        for j in range(qindptr[q], qindptr[q + 1]):
+            if qlocal[j] >= 0:
+                qdense[qlocal[j]] = 0.0
+        _topk(dist, r, k, out_d, out_r, q, tiebreak)
+    return out_d, out_r

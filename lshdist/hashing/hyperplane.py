@@ -1,0 +1,246 @@
+"""Hash families for hyperplane queries (Jain, Vijayanarasimhan & Grauman, NIPS 2010).
+
+A query is a hyperplane through the origin with normal ``w``; the points wanted are those with
+the smallest margin ``|w^T x| / ||w||``.  The families hash database points and query normals
+with *different* functions, so that a point collides with a query more often the closer it
+lies to the hyperplane (ARCHITECTURE.md section 2):
+
+- H-Hash, two bits per function ``(u, v)``: point ``[u^T x >= 0, v^T x >= 0]``, query
+  ``[u^T w >= 0, -v^T w >= 0]``;  ``Pr[collide] = 1/4 - (theta_{x,w} - pi/2)^2 / pi^2``
+  (`hhash_collision`), theta the angle between x and w.
+- EH-Hash, one bit per function U (d x d Gaussian): point ``[x^T U x >= 0]`` (``u^T vec(x x^T)``),
+  query ``[-w^T U w >= 0]``;  ``Pr[collide] = arccos(cos^2 theta_{x,w}) / pi``
+  (`ehhash_collision`; the paper writes ``arccos(sin^2 theta) / pi`` with theta the angle
+  between x and the *hyperplane*, pi/2 minus ours).  The query side can use the sampled
+  embedding of the paper's Lemma 3.4 (``samples`` = t, see
+  `lshdist._kernels.hyperplane.eh_sample_pairs`).
+
+``project`` / ``hash`` are the point side (what the index stores); ``project_queries`` /
+``hash_queries`` the query side.  A bias (hyperplanes ``w^T x + b = 0``) is a constant feature
+appended to every point (value 1) and to every query (value ``b``), ``bias=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lshdist._kernels.hashing import pack_signs
+from lshdist._kernels.hyperplane import (
+    content_seeds,
+    eh_project_csr,
+    eh_project_pairs,
+    eh_sample_pairs,
+)
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
+from lshdist.errors import InputError
+from lshdist.hashing.families import HashFamily, check_bits, gaussian_matrix, sparse_projection
+
+#: the feature id of the constant (bias) feature of sparse rows; dense rows get column d
+BIAS_FEATURE = np.uint64(2**64 - 1)
+FAMILIES = ("h-hash", "eh-hash")
+
+
+def hhash_collision(theta: np.ndarray | float) -> np.ndarray:
+    """H-Hash ``Pr[h(w) = h(x)] = 1/4 - (theta - pi/2)^2 / pi^2``, theta = angle(x, w)."""
+    t = np.asarray(theta, np.float64)
+    out: np.ndarray = 0.25 - (t - np.pi / 2) ** 2 / np.pi**2
+    return out
+
+
+def ehhash_collision(theta: np.ndarray | float) -> np.ndarray:
+    """EH-Hash ``Pr[h(w) = h(x)] = arccos(cos^2 theta) / pi``, theta = angle(x, w)
+    (= the paper's ``arccos(sin^2 theta') / pi`` with theta' = theta - pi/2)."""
+    t = np.asarray(theta, np.float64)
+    out: np.ndarray = np.arccos(np.cos(t) ** 2) / np.pi
+    return out
+
+
+def _csr(B: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR arrays over global feature ids (dense column j is feature j; zeros dropped)."""
+    if isinstance(B, SparseBlock):
+        return B.to_arrays()
+    import scipy.sparse as sp
+
+    m = sp.csr_matrix(np.asarray(B, np.float64))
+    return m.indptr.astype(np.int64), m.indices.astype(np.uint64), m.data.astype(np.float64)
+
+
+def _append_constant(B: Block, values: np.ndarray, feature: int) -> Block:
+    """Rows with one more feature (``feature`` for sparse rows, the last column for dense)."""
+    if not isinstance(B, SparseBlock):
+        return np.ascontiguousarray(np.hstack([B, values[:, None].astype(B.dtype)]))
+    indptr, indices, data = B.to_arrays()
+    if len(indices) and indices.max() == BIAS_FEATURE:
+        raise InputError(f"sparse rows use feature id {int(BIAS_FEATURE)}, reserved for the "
+                         "bias feature; drop bias=True or remap that feature")
+    counts = np.diff(indptr)
+    new_ptr = np.concatenate([[0], np.cumsum(counts + 1)]).astype(np.int64)
+    ends = new_ptr[1:] - 1  # the bias entry closes each row
+    mask = np.ones(new_ptr[-1], bool)
+    mask[ends] = False
+    new_idx = np.empty(new_ptr[-1], np.uint64)
+    new_dat = np.empty(new_ptr[-1], np.float32)
+    new_idx[mask], new_dat[mask] = indices, data
+    new_idx[ends], new_dat[ends] = np.uint64(feature), values.astype(np.float32)
+    return SparseBlock.from_arrays(new_ptr, new_idx, new_dat)
+
+
+class HyperplaneFamily(HashFamily):
+    """Base of H-Hash and EH-Hash: input checks, the bias feature, the query side."""
+
+    name = "hyperplane"
+    metric = None  # the re-rank distance is the margin |w^T x| / ||w||, not a metric's
+
+    def __init__(self, *, d: int, bits: int, seed: int = 0, bias: bool = False):
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1:
+            raise InputError(f"d={d!r}: the number of features must be an integer >= 1")
+        self.d = int(d)
+        self.bits = check_bits(bits)
+        self.seed = int(seed)
+        self.bias = bool(bias)
+
+    @property
+    def dims(self) -> int:
+        """Features the hash functions see (d, plus the bias feature)."""
+        return self.d + int(self.bias)
+
+    def _check(self, X: RowsLike, what: str) -> Block:
+        B = as_block(X)
+        if not isinstance(B, SparseBlock) and (B.ndim != 2 or B.shape[1] != self.d):
+            raise InputError(f"{what} have {B.shape[1] if B.ndim == 2 else B.shape} features, "
+                             f"but the hash family has d={self.d}")
+        return B
+
+    def points(self, X: RowsLike) -> Block:
+        """Database rows as the functions see them (the constant 1 appended with a bias)."""
+        B = self._check(X, "points")
+        if not self.bias:
+            return B
+        return _append_constant(B, np.ones(n_rows(B)), self._bias_feature(B))
+
+    def queries(self, W: RowsLike, offsets: np.ndarray | None = None) -> Block:
+        """Query normals as the functions see them (the offsets b appended with a bias)."""
+        B = self._check(W, "hyperplane normals")
+        if offsets is not None and not self.bias:
+            raise InputError("offsets were given, but the hash family has bias=False")
+        if not self.bias:
+            return B
+        q = n_rows(B)
+        b = np.zeros(q) if offsets is None else np.asarray(offsets, np.float64).ravel()
+        if b.shape != (q,):
+            raise InputError(f"offsets has {b.shape[0]} values for {q} hyperplanes")
+        return _append_constant(B, b, self._bias_feature(B))
+
+    def _bias_feature(self, B: Block) -> int:
+        return int(BIAS_FEATURE) if isinstance(B, SparseBlock) else self.d
+
+    def project(self, X: RowsLike) -> np.ndarray:
+        """Point side, float64 (n, bits): the bits are ``[P >= 0]``."""
+        return self._project_points(self.points(X))
+
+    def project_queries(self, W: RowsLike, offsets: np.ndarray | None = None) -> np.ndarray:
+        """Query side, float64 (Q, bits)."""
+        return self._project_queries(self.queries(W, offsets))
+
+    def hash_queries(self, W: RowsLike, offsets: np.ndarray | None = None) -> np.ndarray:
+        """Packed query keys, uint64 (Q, ceil(bits / 64))."""
+        keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project_queries(W, offsets)))
+        return keys
+
+    def _project_points(self, B: Block) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _project_queries(self, B: Block) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class HHash(HyperplaneFamily):
+    """H-Hash: ``bits / 2`` functions of two bits; bit ``2j`` uses ``u_j``, bit ``2j+1``
+    ``v_j``, both rows of the counter-based Gaussians (as Charikar's family draws them)."""
+
+    name = "h-hash"
+
+    def __init__(self, *, d: int, bits: int, seed: int = 0, bias: bool = False):
+        super().__init__(d=d, bits=bits, seed=seed, bias=bias)
+        if self.bits % 2:
+            raise InputError(f"bits={self.bits}: H-Hash uses two bits per function; give an "
+                             "even number of bits")
+        self._R: np.ndarray | None = None
+
+    def _linear(self, B: Block) -> np.ndarray:
+        if isinstance(B, SparseBlock):
+            return sparse_projection(B, self.seed, self.bits)
+        if self._R is None:
+            self._R = gaussian_matrix(self.seed, self.dims, self.bits)  # (bits, dims)
+        P: np.ndarray = np.asarray(B, np.float64) @ self._R.T
+        return P
+
+    def _project_points(self, B: Block) -> np.ndarray:
+        return self._linear(B)  # [u^T x, v^T x]
+
+    def _project_queries(self, B: Block) -> np.ndarray:
+        P = self._linear(B)
+        P[:, 1::2] *= -1.0  # [u^T w, -v^T w]
+        return P
+
+
+class EHHash(HyperplaneFamily):
+    """EH-Hash: one bit per function, ``U_b[i, j]`` a counter-based Gaussian of
+    ``(seed, b, pair_key(i, j))``, generated only for the pairs of nonzeros of a row.
+
+    ``samples`` (t): the query side from the sampled embedding of NIPS 2010 Lemma 3.4 (t entries
+    of ``vec(w w^T)`` drawn with probability ``w_i^2 w_j^2 / ||w||^4``, importance weighted:
+    an unbiased estimate of ``w^T U w``, O(t bits) per query); None: exact, O(nnz^2 bits).
+    The paper's t = O(1/eps'^2); `samples_for` gives ``ceil(1/eps'^2)``.
+    The point side costs O(nnz^2 bits) per row.
+    """
+
+    name = "eh-hash"
+
+    def __init__(self, *, d: int, bits: int, seed: int = 0, bias: bool = False,
+                 samples: int | None = None):
+        super().__init__(d=d, bits=bits, seed=seed, bias=bias)
+        if samples is not None and (not isinstance(samples, (int, np.integer))
+                                    or isinstance(samples, bool) or samples < 1):
+            raise InputError(f"samples={samples!r}: t must be an integer >= 1 (or None: the "
+                             "exact query embedding)")
+        self.samples = None if samples is None else int(samples)
+
+    def _quadratic(self, B: Block) -> np.ndarray:
+        indptr, indices, data = _csr(B)
+        P: np.ndarray = eh_project_csr(indptr, indices, data, np.uint64(self.seed), self.bits)
+        return P
+
+    def _project_points(self, B: Block) -> np.ndarray:
+        return self._quadratic(B)  # x^T U x
+
+    def _project_queries(self, B: Block) -> np.ndarray:
+        if self.samples is None:
+            return -self._quadratic(B)  # -w^T U w
+        indptr, indices, data = _csr(B)
+        data = np.ascontiguousarray(data, np.float64)
+        seeds = content_seeds(indptr, indices, data.view(np.uint64), np.uint64(self.seed))
+        fi, fj, wt = eh_sample_pairs(indptr, indices, data, self.samples, seeds)
+        P: np.ndarray = eh_project_pairs(fi, fj, wt, np.uint64(self.seed), self.bits)
+        return -P
+
+
+def samples_for(eps: float) -> int:
+    """t = ceil(1 / eps'^2) samples for the sampled EH-Hash query embedding."""
+    if not eps > 0:
+        raise InputError(f"eps={eps!r}: must be > 0")
+    return math.ceil(1.0 / eps**2)
+
+
+def hyperplane_family(family: str, *, d: int, bits: int, seed: int = 0, bias: bool = False,
+                      samples: int | None = None) -> HyperplaneFamily:
+    """``"h-hash"`` or ``"eh-hash"`` by name."""
+    if family == "h-hash":
+        if samples is not None:
+            raise InputError("samples (t) applies to eh-hash only")
+        return HHash(d=d, bits=bits, seed=seed, bias=bias)
+    if family == "eh-hash":
+        return EHHash(d=d, bits=bits, seed=seed, bias=bias, samples=samples)
+    raise InputError(f"family={family!r}; choose one of {list(FAMILIES)}")
