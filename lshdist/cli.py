@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from lshdist import __version__
@@ -19,7 +20,8 @@ from lshdist.errors import LshdistError
 from lshdist.store.atomic import is_write_error, os_error
 
 #: subcommand modules, in the order `lshdist --help` lists them
-JOBS = ["ingest", "info", "verify", "gc", "learn", "evaluate", "index", "query", "run"]
+JOBS = ["ingest", "info", "verify", "gc", "learn", "evaluate", "index", "query", "compact",
+        "run"]
 
 
 DESCRIPTION = ("Fast similarity search under learned metrics: learn a metric with ITML, hash "
@@ -69,15 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    return guarded(f"lshdist {args.job}", lambda: args.func(args))
+
+
+def guarded(name: str, call: Callable[[], int | None]) -> int:
+    """Run a job; its exit code: 0 done, 2 bad input (a one-line message on stderr, no
+    traceback: `LshdistError`, an unwritable output), 130 interrupted.  Anything else is a bug
+    and keeps its traceback (exit 1)."""
     try:
-        return int(args.func(args) or 0)
+        return int(call() or 0)
     except LshdistError as exc:
-        sys.stderr.write(f"lshdist {args.job}: error: {exc}\n")
+        sys.stderr.write(f"{name}: error: {exc}\n")
         return 2
     except OSError as exc:
         if not is_write_error(exc):
             raise
-        sys.stderr.write(f"lshdist {args.job}: error: {os_error(exc, exc.filename or '?')}\n")
+        sys.stderr.write(f"{name}: error: {os_error(exc, exc.filename or '?')}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -220,6 +221,8 @@ NONNEG = _int(0)
 SEED = _int(0, 2**63 - 1)
 POSITIVE_FLOAT = _float()
 INT_LIST = _int_list()
+#: where a Dask job runs (`ClusterConfig.kind`)
+CLUSTER_KINDS = ("local", "slurm", "kubernetes")
 
 
 def opt(default: Any, rule: Rule, help: str, *, metavar: str | None = None,
@@ -347,6 +350,39 @@ class ClusterConfig(Section):
     stall_timeout: float = opt(600.0, _float(),
                                "fail the job when no task finishes for this many seconds "
                                "(a frozen scheduler or worker)", metavar="SECONDS")
+    kind: str | None = opt(None, _optional(_choice(*CLUSTER_KINDS)),
+                           "local: a LocalCluster on this machine; slurm: worker jobs submitted "
+                           "through dask-jobqueue (`pip install lshdist[deploy]`); kubernetes: "
+                           "the scheduler of the DaskJob this runs in ($DASK_SCHEDULER_ADDRESS) "
+                           "(default: local, or the --scheduler given)", flag="--cluster")
+    listen: str = opt("127.0.0.1", _string(),
+                      "the address a LocalCluster's scheduler, workers and dashboard listen on "
+                      "(loopback: nothing is reachable from other machines)", metavar="HOST")
+    jobqueue: str | None = opt(None, _optional(_string()),
+                               "--cluster slurm: a dask-jobqueue YAML file (its jobqueue.slurm "
+                               "section; default: dask's own config, ~/.config/dask/)",
+                               metavar="YAML")
+    tls_ca_file: str | None = opt(None, _optional(_string()),
+                                  "tls:// schedulers: the CA certificate that signed the "
+                                  "cluster's certificates (default: dask config "
+                                  "distributed.comm.tls.ca-file)", metavar="PEM")
+    tls_cert: str | None = opt(None, _optional(_string()),
+                               "tls:// schedulers: this client's certificate (default: dask "
+                               "config distributed.comm.tls.client.cert)", metavar="PEM")
+    tls_key: str | None = opt(None, _optional(_string()),
+                              "tls:// schedulers: this client's private key (default: dask "
+                              "config distributed.comm.tls.client.key, or in --tls-cert)",
+                              metavar="PEM")
+
+    def __post_init__(self) -> None:
+        if self.scheduler and self.kind not in (None, "local"):
+            raise InputError(f"--scheduler connects to an existing cluster and --cluster "
+                             f"{self.kind} starts one; give one of them")
+
+    @property
+    def resolved_kind(self) -> str:
+        """``scheduler`` (an existing one), ``local``, ``slurm`` or ``kubernetes``."""
+        return "scheduler" if self.scheduler else (self.kind or "local")
 
 
 @dataclass(frozen=True)
@@ -372,6 +408,99 @@ class DataSpec(Section):
     def __post_init__(self) -> None:
         if (self.inputs is None) == (self.builtin is None):
             raise InputError("a data split needs exactly one of 'inputs' (files) or 'builtin'")
+
+
+def _date() -> Rule:
+    desc = "a date YYYY-MM-DD"
+
+    def check(v: Any) -> str:
+        if isinstance(v, datetime.date) and not isinstance(v, datetime.datetime):
+            return v.isoformat()  # YAML reads 2026-11-21 as a date
+        try:
+            return datetime.date.fromisoformat(str(v)).isoformat()
+        except ValueError:
+            raise _Bad(desc) from None
+
+    return Rule(desc, check, str)
+
+
+DATE = _date()
+
+
+@dataclass(frozen=True)
+class PathsConfig(Section):
+    """The artefacts of a batch job (``jobs/*.py``, the ``paths:`` section).  Relative paths
+    are relative to the job's workdir; outputs must stay inside it (`JobConfig.output`)."""
+
+    model: str | None = opt(None, _optional(_string()), "the model (input)")
+    data: str | None = opt(None, _optional(_string()), "the dataset to index (input)")
+    index: str | None = opt(None, _optional(_string()), "the index (output of build_index and "
+                                                       "daily_append, input of bulk_query)")
+    queries: str | None = opt(None, _optional(_string()), "the queries dataset (input)")
+    results: str | None = opt(None, _optional(_string()), "the query results (output)")
+
+
+@dataclass(frozen=True)
+class DailyConfig(Section):
+    """The scheduled append (``jobs/daily_append.py``, the ``daily:`` section)."""
+
+    input: str | None = opt(None, _optional(_string()),
+                            "the day's input files: a path or glob with {day} (YYYY-MM-DD)")
+    format: str | None = opt(None, _optional(_string()), "input format (default: detected)")
+    shard_rows: int = opt(10_000, POSITIVE, "rows per shard of the day's dataset")
+    epoch: str = opt("2020-01-01", DATE, "day 0 of the id numbering")
+    id_stride: int = opt(10_000_000, POSITIVE,
+                         "ids of day D are (D - epoch) * id_stride + row: unique per day, the "
+                         "same on a re-run; a day may not have more rows than this")
+    lock_timeout: float = opt(600.0, _float(0.0, open_lo=False),
+                              "seconds a second run waits for a running one, then exits 2",
+                              metavar="SECONDS")
+    compact_min_segments: int = opt(20, NONNEG,
+                                    "compact the index when it has at least this many small "
+                                    "segments (0: never)")
+    compact_segment_rows: int = opt(100_000, POSITIVE,
+                                    "segments below this are small; compaction merges them "
+                                    "into segments of at most this many rows")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A batch job (``jobs/build_index.py``, ``daily_append.py``, ``bulk_query.py``)."""
+
+    workdir: Path
+    path: Path  # the config file itself (named in messages)
+    allow_outside_workdir: bool = False
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    query: QueryConfig = field(default_factory=QueryConfig)
+    daily: DailyConfig = field(default_factory=DailyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def _given(self, name: str) -> str:
+        value = getattr(self.paths, name)
+        if value is None:
+            raise InputError(f"config {str(self.path)!r}: this job needs paths.{name}")
+        return str(value)
+
+    def input(self, name: str) -> Path:
+        """``paths.<name>`` (relative to the workdir)."""
+        return self.workdir / self._given(name)
+
+    def output(self, name: str) -> Path:
+        """``paths.<name>`` inside the workdir; an absolute path or one that leaves the
+        workdir (``..``, a symlink) is refused unless ``allow_outside_workdir: true``."""
+        return self.inside(self._given(name), f"paths.{name}")
+
+    def inside(self, rel: str | Path, what: str) -> Path:
+        """``workdir / rel``, checked to stay in the workdir (see `output`)."""
+        out = self.workdir / rel
+        root = self.workdir.resolve()
+        if not self.allow_outside_workdir and not out.resolve().is_relative_to(root):
+            raise InputError(
+                f"config {str(self.path)!r}: {what} {str(rel)!r} is outside the workdir "
+                f"{str(self.workdir)!r}; give a path inside it, or set "
+                "'allow_outside_workdir: true' to write there")
+        return out
 
 
 @dataclass(frozen=True)
@@ -483,10 +612,13 @@ def from_mapping(cls: type[T], values: Any, *, where: str) -> T:
 
 
 _RUN_SECTIONS = {"name", "workdir", "cluster", "data", "learn", "index", "query", "evaluate"}
+_JOB_SECTIONS = {"workdir", "allow_outside_workdir", "paths", "index", "query", "daily",
+                 "cluster"}
 
 
-def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
-    """A `RunConfig` from a YAML file; ``${VAR}`` is expanded from the environment."""
+def _read_yaml(path: str | os.PathLike[str], sections: set[str]) -> tuple[dict[str, Any], str]:
+    """A job file's top-level mapping (``${VAR}`` expanded from the environment) and its name
+    for messages; unknown sections and a missing workdir are `InputError`s."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"config {str(p)!r} does not exist; give the path of a YAML file "
@@ -498,15 +630,25 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
     where = f"config {str(p)!r}"
     if not isinstance(raw, dict):
         raise InputError(f"{where} must be a mapping of sections "
-                         f"({', '.join(sorted(_RUN_SECTIONS))})")
-    unknown = sorted(set(raw) - _RUN_SECTIONS)
+                         f"({', '.join(sorted(sections))})")
+    unknown = sorted(set(raw) - sections)
     if unknown:
-        raise InputError(f"{where}: unknown sections {unknown}; known: {sorted(_RUN_SECTIONS)}")
-    for key in ("workdir", "data"):
-        if key not in raw:
-            raise InputError(f"{where} needs a {key!r} section")
+        raise InputError(f"{where}: unknown sections {unknown}; known: {sorted(sections)}")
+    if "workdir" not in raw:
+        raise InputError(f"{where} needs a 'workdir' section")
     if not isinstance(raw["workdir"], str) or not raw["workdir"]:
         raise InputError(f"{where}.workdir: expected a directory path, got {raw['workdir']!r}")
+    if "${" in raw["workdir"]:
+        raise InputError(f"{where}.workdir: {raw['workdir']!r} uses an unset environment "
+                         "variable; set it (configs/jobs/ use LSHDIST_WORKDIR)")
+    return raw, where
+
+
+def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
+    """A `RunConfig` from a YAML file; ``${VAR}`` is expanded from the environment."""
+    raw, where = _read_yaml(path, _RUN_SECTIONS)
+    if "data" not in raw:
+        raise InputError(f"{where} needs a 'data' section")
     data = raw["data"]
     if not isinstance(data, dict) or set(data) != {"train", "test"}:
         got = sorted(data) if isinstance(data, dict) else data
@@ -526,5 +668,22 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
         index=from_mapping(IndexConfig, raw.get("index"), where=f"{where}.index"),
         query=from_mapping(QueryConfig, raw.get("query"), where=f"{where}.query"),
         evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), where=f"{where}.evaluate"),
+        cluster=from_mapping(ClusterConfig, raw.get("cluster"), where=f"{where}.cluster"),
+    )
+
+
+def load_job_config(path: str | os.PathLike[str]) -> JobConfig:
+    """A `JobConfig` (a batch job of ``jobs/``) from a YAML file; ``${VAR}`` is expanded."""
+    raw, where = _read_yaml(path, _JOB_SECTIONS)
+    outside = raw.get("allow_outside_workdir", False)
+    if not isinstance(outside, bool):
+        raise InputError(f"{where}.allow_outside_workdir: expected true or false, got "
+                         f"{outside!r}")
+    return JobConfig(
+        workdir=Path(raw["workdir"]), path=Path(path), allow_outside_workdir=outside,
+        paths=from_mapping(PathsConfig, raw.get("paths"), where=f"{where}.paths"),
+        index=from_mapping(IndexConfig, raw.get("index"), where=f"{where}.index"),
+        query=from_mapping(QueryConfig, raw.get("query"), where=f"{where}.query"),
+        daily=from_mapping(DailyConfig, raw.get("daily"), where=f"{where}.daily"),
         cluster=from_mapping(ClusterConfig, raw.get("cluster"), where=f"{where}.cluster"),
     )

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lshdist.config import ClusterConfig
 from lshdist.errors import ClusterError, InputError
 
 if TYPE_CHECKING:
@@ -56,13 +59,18 @@ def warm_kernels() -> bool:
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
-                timeout: float = 10.0, stall: float = 600.0) -> Iterator[Client]:
+                timeout: float = 10.0, stall: float = 600.0, security: Any = None,
+                listen: str = "127.0.0.1") -> Iterator[Client]:
     """A ``distributed.Client``: on ``scheduler`` (``tcp://HOST:PORT``) or on a new
     LocalCluster of ``workers`` single-threaded worker processes (threads if not ``processes``).
     Workers warm the numba kernels before the job starts.  A scheduler that does not answer
     (a frozen process still accepts connections, and distributed waits for its replies without
     a limit) is a `ClusterError`: after ``timeout`` s when connecting, after ``stall`` s in any
-    later blocking call (``run``, ``replicate``, ``scheduler_info``, ...)."""
+    later blocking call (``run``, ``replicate``, ``scheduler_info``, ...).
+
+    ``security`` (a ``distributed.Security``, see `cluster_security`) is used for ``scheduler``;
+    a LocalCluster listens on ``listen`` only (loopback by default: scheduler, workers and
+    dashboard)."""
     from distributed import Client, LocalCluster
 
     if workers < 1:
@@ -70,7 +78,8 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
     cluster = None
     if scheduler:
         try:
-            client = _bounded(lambda: Client(scheduler, timeout=timeout), timeout + 1.0)
+            client = _bounded(lambda: Client(scheduler, timeout=timeout, security=security),
+                              timeout + 1.0)
         except (OSError, TimeoutError) as exc:
             raise ClusterError(
                 f"could not reach the Dask scheduler at {scheduler!r} within {timeout:.0f}s "
@@ -79,19 +88,19 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
             ) from None
     else:
         # Nanny options: worker processes only (threads talk in-process, no sockets)
-        extra = {"env": WORKER_ENV, "host": "127.0.0.1"} if processes else {}
+        extra = {"env": WORKER_ENV, "host": listen} if processes else {}
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
                                **extra,
-                               # loopback only: nothing listens on the machine's other
+                               # loopback by default: nothing listens on the machine's other
                                # addresses (the dashboard included)
-                               dashboard_address="127.0.0.1:0",
+                               dashboard_address=f"{listen}:0",
                                # task errors reach the driver; the rest is shutdown noise
                                silence_logs=logging.CRITICAL)
         client = Client(cluster)
     _bound_calls(client, stall)
     try:
-        log.info("Dask dashboard: %s (%d workers)", client.dashboard_link,
-                 len(client.scheduler_info()["workers"]))
+        log.info("Dask scheduler %s, dashboard %s (%d workers)", client.scheduler.address,
+                 _dashboard(client), len(client.scheduler_info()["workers"]))
         if cluster is not None and processes:
             client.run(one_thread_io)
         client.run(warm_kernels)
@@ -137,3 +146,129 @@ def _bound_calls(client: Any, stall: float) -> None:
                                "overloaded — check it, or raise --stall-timeout") from None
 
     client.sync = bounded
+
+
+def _dashboard(client: Any) -> str:
+    """The dashboard's real address (``client.dashboard_link`` formats dask's template with
+    this machine's name, not the address the server is bound to)."""
+    try:
+        services = client.scheduler_info().get("services", {})
+    except Exception:  # the link is informative only
+        return "?"
+    port = services.get("dashboard")
+    if port is None:
+        return "not running"
+    host = client.scheduler.address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return f"http://{host}:{port}/status"
+
+
+def cluster_security(scheduler: str | None, *, ca_file: str | None = None,
+                     cert: str | None = None, key: str | None = None) -> Any:
+    """The ``distributed.Security`` for ``scheduler``: TLS with these files, else with dask's
+    config (``distributed.comm.tls.*``); None for a plain ``tcp://`` scheduler given no files.
+
+    Dask's TLS is mutual: the scheduler accepts only clients and workers holding a certificate
+    signed by its CA, so the certificates are the cluster's authentication.
+
+    Raises
+    ------
+    InputError
+        For a ``tls://`` scheduler without a CA and a client certificate, for files that do not
+        exist, or for certificate files given with a ``tcp://`` scheduler.
+    """
+    import dask
+    from distributed import Security
+
+    files = {"ca_file": ca_file, "cert": cert, "key": key}
+    given = {k: v for k, v in files.items() if v}
+    for name, path in given.items():
+        if not Path(path).is_file():
+            raise InputError(f"tls {name} {path!r} does not exist; give the path of a PEM file")
+    if not scheduler or not scheduler.startswith("tls://"):
+        if given and scheduler:
+            raise InputError(f"TLS certificates were given but the scheduler {scheduler!r} is "
+                             "not tls://; use tls://HOST:PORT (a plain tcp:// cluster is not "
+                             "encrypted)")
+        return None
+    ca = ca_file or dask.config.get("distributed.comm.tls.ca-file", None)
+    crt = cert or dask.config.get("distributed.comm.tls.client.cert", None)
+    k = key or (None if cert else dask.config.get("distributed.comm.tls.client.key", None))
+    if not ca or not crt:
+        raise InputError(f"scheduler {scheduler!r} needs TLS certificates: give --tls-ca-file "
+                         "and --tls-cert (and --tls-key) or the cluster section's tls_ca_file, "
+                         "tls_cert, tls_key, or set dask's distributed.comm.tls.ca-file and "
+                         "distributed.comm.tls.client.cert")
+    return Security(tls_ca_file=ca, tls_client_cert=crt, tls_client_key=k,
+                    require_encryption=True)
+
+
+def client_for(cfg: ClusterConfig) -> contextlib.AbstractContextManager[Client]:
+    """The Dask client a `ClusterConfig` asks for (a context manager): an existing scheduler
+    (TLS per `cluster_security`), a LocalCluster, SLURM jobs or a DaskJob's scheduler."""
+    kind = cfg.resolved_kind
+    scheduler = cfg.scheduler
+    if kind == "kubernetes":
+        scheduler = os.environ.get("DASK_SCHEDULER_ADDRESS")
+        if not scheduler:
+            raise InputError("--cluster kubernetes runs inside a DaskJob, whose job pod gets "
+                             "$DASK_SCHEDULER_ADDRESS from the dask-kubernetes operator; it is "
+                             "not set here (use --scheduler ADDRESS or --cluster local)")
+    security = cluster_security(scheduler, ca_file=cfg.tls_ca_file, cert=cfg.tls_cert,
+                                key=cfg.tls_key)
+    if kind == "slurm":
+        return slurm_client(cfg)
+    return dask_client(scheduler, workers=cfg.workers, processes=not cfg.in_process,
+                       timeout=cfg.connect_timeout, stall=cfg.stall_timeout, security=security,
+                       listen=cfg.listen)
+
+
+def slurm_cluster(cfg: ClusterConfig) -> Any:
+    """A dask-jobqueue ``SLURMCluster`` (not yet scaled) from dask's ``jobqueue.slurm`` config,
+    updated by the YAML file ``cfg.jobqueue``; TLS files, when given, secure it."""
+    import dask
+
+    try:
+        from dask_jobqueue.slurm import SLURMCluster
+    except ModuleNotFoundError:
+        raise InputError("--cluster slurm needs dask-jobqueue: pip install 'lshdist[deploy]'"
+                         ) from None
+    overrides: dict[str, Any] = {}
+    if cfg.jobqueue:
+        import yaml
+
+        path = Path(cfg.jobqueue)
+        if not path.is_file():
+            raise InputError(f"jobqueue config {cfg.jobqueue!r} does not exist; give a YAML file "
+                             "with a jobqueue.slurm section (deploy/slurm/jobqueue.yaml)")
+        raw = yaml.safe_load(path.read_text())
+        if not isinstance(raw, dict) or not isinstance(raw.get("jobqueue", {}).get("slurm"),
+                                                       dict):
+            raise InputError(f"jobqueue config {cfg.jobqueue!r} has no jobqueue.slurm section")
+        overrides = raw
+    kwargs: dict[str, Any] = {}
+    if cfg.tls_ca_file and cfg.tls_cert:
+        from distributed import Security
+
+        kwargs["security"] = Security(tls_ca_file=cfg.tls_ca_file, tls_client_cert=cfg.tls_cert,
+                                      tls_client_key=cfg.tls_key,
+                                      tls_scheduler_cert=cfg.tls_cert,
+                                      tls_scheduler_key=cfg.tls_key, tls_worker_cert=cfg.tls_cert,
+                                      tls_worker_key=cfg.tls_key, require_encryption=True)
+        kwargs["protocol"] = "tls://"
+    with dask.config.set(dask.config.merge(dask.config.config, overrides)):
+        return SLURMCluster(**kwargs)
+
+
+@contextlib.contextmanager
+def slurm_client(cfg: ClusterConfig) -> Iterator[Client]:
+    """A client on ``cfg.workers`` SLURM worker jobs (`slurm_cluster`), kernels warmed."""
+    cluster = slurm_cluster(cfg)
+    try:
+        cluster.scale(n=cfg.workers)
+        address = cluster.scheduler_address
+        with dask_client(address, workers=cfg.workers, timeout=cfg.connect_timeout,
+                         stall=cfg.stall_timeout, security=cluster.security) as client:
+            client.wait_for_workers(1, timeout=cfg.stall_timeout)
+            yield client
+    finally:
+        cluster.close()

@@ -127,6 +127,8 @@ class BuildPlan:
     segments: list[tuple[int, int]] = field(default_factory=list)
     lists: int | None = None  # lists fitted per segment (None: from epsilon, per segment)
     list_bytes: int = 0  # permutation lists of the largest segment
+    batch: str | None = None  # the append's label, recorded in the manifest's batches
+    skipped: bool = False  # the batch had landed already: nothing was (or will be) built
 
 
 def _recorded(cfg: IndexConfig) -> dict[str, Any]:
@@ -153,8 +155,12 @@ def _check_append(out: str, cfg: IndexConfig, manifest: dict[str, Any]) -> Index
 
 
 def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = None,
-               append: bool = False, overwrite: bool = False) -> BuildPlan:
-    """Check an index build on the driver (no cluster): inputs, output, parameters."""
+               append: bool = False, overwrite: bool = False,
+               batch: str | None = None) -> BuildPlan:
+    """Check an index build on the driver (no cluster): inputs, output, parameters.
+
+    ``batch`` labels the data (e.g. a day): it is recorded in the manifest with the new
+    segments, and an append whose label is there already adds nothing (``plan.skipped``)."""
     cfg = cfg or IndexConfig()
     if append and overwrite:
         raise InputError("--append adds to an index and --overwrite replaces it; give one")
@@ -168,7 +174,9 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             raise InputError(f"index {out!r} was built with another model "
                              f"({manifest['model']!r}); append needs the same model")
         cfg = _check_append(out, cfg, manifest)
-        _check_new_ids(out, manifest, ds)
+        skipped = batch is not None and batch in manifest.get("batches", [])
+        if not skipped:
+            _check_new_ids(out, manifest, ds)
     else:
         check_output(out, overwrite, kind=FORMAT)
         manifest = {
@@ -180,7 +188,7 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     bounds = ds.shard_bounds
     rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
     plan = BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
-                     segments)
+                     segments, batch=batch, skipped=append and skipped)
     if append:
         plan.lists = manifest["permutations"]
     elif rows:
@@ -234,13 +242,19 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     # land), and `lshdist gc` never mistakes a running build's segments for orphans
     with index_lock(plan.out, timeout=stall):
         if plan.append:
-            entries, _ = _build_segments(client, plan, plan.out, stall)
             manifest = read_manifest(plan.out)  # another append may have landed meanwhile
+            if plan.batch is not None and plan.batch in manifest.get("batches", []):
+                log.info("batch %r is in index %s already: nothing to append", plan.batch,
+                         plan.out)
+                plan.skipped = True
+                return manifest
+            entries, _ = _build_segments(client, plan, plan.out, stall)
+            manifest = read_manifest(plan.out)
             if manifest["model_checksum"] != plan.manifest["model_checksum"]:
                 raise InputError(f"index {str(plan.out)!r} changed model during the append")
             try:
                 _check_new_ids(str(plan.out), manifest, plan.data)
-                new = _with_segments(manifest, entries)
+                new = _with_segments(manifest, entries, plan.batch)
                 write_manifest(plan.out, new)  # the swap: readers see the old or the new index
             except BaseException:
                 _remove_segments(plan.out, [e["name"] for e in entries])
@@ -249,7 +263,7 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
         with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
                         inputs=(plan.data.path, plan.model)) as tmp:
             entries, op = _build_segments(client, plan, tmp, stall)
-            new = _with_segments({**plan.manifest, **op}, entries)
+            new = _with_segments({**plan.manifest, **op}, entries, plan.batch)
             write_manifest(tmp, new)
         return new
 
@@ -271,8 +285,11 @@ def _check_worker_memory(client: Any, list_bytes: int) -> None:
                          "--segment-rows or --permutations, or give the workers more memory")
 
 
-def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]],
+                   batch: str | None = None) -> dict[str, Any]:
     new = {**manifest, "segments": manifest["segments"] + entries}
+    if batch is not None:
+        new["batches"] = [*manifest.get("batches", []), batch]
     new["rows"] = int(sum(e["rows"] for e in new["segments"]))
     return new
 

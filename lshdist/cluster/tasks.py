@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
+from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
@@ -116,3 +118,38 @@ def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir:
     dist, ids = merge_topk(parts, k)
     cand = np.sum([p[2] for p in parts], axis=0)
     return write_part(out_dir, chunk, encoded[2], dist, ids, cand)
+
+
+def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: dict[str, Any],
+                   name: str) -> dict[str, Any]:
+    """Merge stored segments into one new segment ``name`` (compaction); returns its entry.
+
+    The lists are re-fitted from the stored keys and re-rank payloads, concatenated in the
+    order of ``entries``, with the index's permutation seed: the segment is the one a fresh
+    build of those rows in that order writes (the same keys, lists, payload and ids)."""
+    segs = [read_segment(index_dir, e, manifest) for e in entries]
+    codes = np.concatenate([s.codes_ for s in segs])
+    ids = np.concatenate([s.ids_ for s in segs])
+    arrays = [s.payload_.arrays() for s in segs]
+    merged: dict[str, np.ndarray] = {}
+    for key in arrays[0]:
+        if key == "indptr":  # CSR rows: shift each part's offsets past the previous parts
+            ends = np.cumsum([0] + [int(a[key][-1]) for a in arrays[:-1]])
+            merged[key] = np.concatenate(
+                [arrays[0][key][:1], *(a[key][1:] + e for a, e in zip(arrays, ends))])
+        else:
+            merged[key] = np.concatenate([a[key] for a in arrays])
+    kind = segs[0].payload_.kind
+    payload = (DensePayload if kind == "dense" else KernelPayload).from_arrays(merged)
+    m = manifest["permutations"]
+    index = PermutationIndex(n_permutations=m, epsilon=None if m else manifest["epsilon"],
+                             seed=permutation_seed(manifest["seed"]))
+    index.fit(codes, manifest["bits"], payload, ids)
+    entry = write_segment(index_dir, name, index)
+    sources = {e.get("source") for e in entries}
+    spans = [(e.get("start"), e.get("stop")) for e in entries]
+    if (len(sources) == 1 and None not in sources
+            and all(isinstance(a, int) and isinstance(b, int) for a, b in spans)
+            and all(x[1] == y[0] for x, y in itertools.pairwise(spans))):
+        entry.update(source=entries[0]["source"], start=spans[0][0], stop=spans[-1][1])
+    return entry

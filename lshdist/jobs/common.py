@@ -30,7 +30,6 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
 
 def client_from_config(cfg: ClusterConfig) -> AbstractContextManager[Any]:
     """The Dask client a `ClusterConfig` asks for (a context manager)."""
-    from lshdist.cluster.client import dask_client
+    from lshdist.cluster.client import client_for
 
-    return dask_client(cfg.scheduler, workers=cfg.workers, processes=not cfg.in_process,
-                       timeout=cfg.connect_timeout, stall=cfg.stall_timeout)
+    return client_for(cfg)

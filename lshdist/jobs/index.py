@@ -25,6 +25,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--append", action="store_true",
                    help="add segments for DATASET to the existing INDEX (same model; the "
                         "index's own hashing parameters)")
+    p.add_argument("--batch", metavar="LABEL",
+                   help="label of this data (e.g. a day), recorded in the index: an --append "
+                        "whose label the index has already adds nothing (re-runs are safe)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing index at INDEX (only an lshdist index)")
     add_cluster_options(p)
@@ -36,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
     cluster = from_args(ClusterConfig, args)
     plan = plan_build(data=args.data, model=args.model, out=args.out,
                       cfg=from_args(IndexConfig, args), append=args.append,
-                      overwrite=args.overwrite)
-    with client_from_config(cluster) as client:
-        m = run_build(client, plan, stall=cluster.stall_timeout)
+                      overwrite=args.overwrite, batch=args.batch)
+    if not plan.skipped:  # (checked again under the index lock: a racing run may land it)
+        with client_from_config(cluster) as client:
+            m = run_build(client, plan, stall=cluster.stall_timeout)
+    if plan.skipped:
+        sys.stdout.write(f"index {args.out}: batch {args.batch!r} is in it already; nothing "
+                         "appended\n")
+        return 0
     sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
                      f"(b={m['bits']}, W={m['window']})\n")
     return 0

@@ -76,6 +76,12 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "calibration": ((dict,), "the calibration record (curve and chosen operating point)"),
     "checksum": (_STR, "a sha256 hex digest"),
 }
+#: optional manifest fields
+_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    # labels of the appends that landed (`lshdist index --append --batch`, a day of
+    # jobs/daily_append.py): an append whose label is here adds nothing
+    "batches": ((list,), "a list of batch labels (strings)"),
+}
 _ENTRY_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "name": (_STR, "a segment name seg-<16 hex digits>"),
     "rows": (_INT, "an integer >= 1"),
@@ -281,6 +287,11 @@ def _check_manifest(meta: dict[str, Any], path: Path) -> None:
     """Presence, type and range of every manifest field and segment entry (not the checksum)."""
     where = f"{str(path)!r}: {MANIFEST}"
     _check_fields(meta, _FIELDS, where)
+    _check_fields(meta, _OPTIONAL, where, required=False)
+    batches = meta.get("batches", [])
+    if not all(isinstance(b, str) and b for b in batches) or len(set(batches)) != len(batches):
+        raise FormatError(f"{where}: batches={batches!r} is not {_OPTIONAL['batches'][1]}, "
+                          f"each once; {_REBUILD}")
     bad = [k for k, lo in (("d", 1), ("bits", 1), ("window", 1), ("hamming_keep", 0),
                            ("rows", 0)) if meta[k] < lo]
     if meta["permutations"] is not None and meta["permutations"] < 1:

@@ -1,0 +1,128 @@
+"""Compaction: merge an index's small segments into larger ones (``lshdist compact``).
+
+Appends add one or more small segments each (a day of data); every query visits every segment,
+so many small segments cost a task and a file read each.  Compaction merges runs of small
+segments into segments of at most ``segment_rows`` rows, re-fitting their lists from the stored
+keys and payloads on Dask workers (`lshdist.cluster.tasks.merge_segments`): a merged segment is
+the one a fresh build of the same rows writes.
+
+Atomicity: everything happens under the index lock (no append, build or gc meanwhile); the new
+segments are written first under new names, the manifest is swapped in one rename, and only
+then are the old segments removed.  A kill before the swap leaves the old index answering (the
+new segments are orphans that `lshdist gc` removes); a kill after it leaves the new index
+answering (the old segments are the orphans).
+
+What changes for queries: an exact scan (``--mode scan``) returns the same results before and
+after.  A hashed search takes W entries per list *per segment* and keeps H candidates per
+segment, so fewer, larger segments gather fewer candidates per query; its results are those of a
+fresh build with the merged layout (tested bit for bit), not those of the small segments.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lshdist.cluster import tasks
+from lshdist.cluster.pipeline import _progress
+from lshdist.config import ClusterConfig
+from lshdist.errors import InputError
+from lshdist.store.index import (
+    index_lock,
+    new_segment_name,
+    read_manifest,
+    segment_path,
+    write_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+
+def compaction_groups(entries: Sequence[dict[str, Any]], *, min_segments: int,
+                      segment_rows: int) -> list[list[int]]:
+    """Which segments to merge: positions (in manifest order) of the runs of small segments.
+
+    A segment is small below ``segment_rows`` rows.  Nothing is merged while fewer than
+    ``min_segments`` are small; otherwise the small segments, in manifest order, are cut into
+    groups of at most ``segment_rows`` rows, and every group of two or more is merged.
+    """
+    if min_segments < 1 or segment_rows < 1:
+        raise InputError(f"min_segments={min_segments}, segment_rows={segment_rows}: both must "
+                         "be >= 1")
+    small = [i for i, e in enumerate(entries) if e["rows"] < segment_rows]
+    if len(small) < max(2, min_segments):
+        return []
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    rows = 0
+    for i in small:
+        r = int(entries[i]["rows"])
+        if cur and rows + r > segment_rows:
+            groups.append(cur)
+            cur, rows = [], 0
+        cur.append(i)
+        rows += r
+    groups.append(cur)
+    return [g for g in groups if len(g) > 1]
+
+
+@dataclass
+class CompactPlan:
+    """A checked compaction (the groups are planned again under the lock when it runs)."""
+
+    index: Path
+    min_segments: int
+    segment_rows: int
+    groups: list[list[int]]
+    segments: int  # segments in the index when planned
+
+
+def plan_compact(index: str, *, min_segments: int, segment_rows: int) -> CompactPlan:
+    """Check a compaction on the driver (no cluster): the index and what would be merged."""
+    manifest = read_manifest(index)
+    groups = compaction_groups(manifest["segments"], min_segments=min_segments,
+                               segment_rows=segment_rows)
+    return CompactPlan(Path(index), min_segments, segment_rows, groups,
+                       len(manifest["segments"]))
+
+
+def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
+                stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
+    """Merge the planned groups on ``client`` under the index lock; returns ``{before, after,
+    merged}`` (segment counts and the number of segments merged away)."""
+    with index_lock(plan.index, timeout=lock_timeout):
+        manifest = read_manifest(plan.index)  # an append may have landed since planning
+        entries = manifest["segments"]
+        groups = compaction_groups(entries, min_segments=plan.min_segments,
+                                   segment_rows=plan.segment_rows)
+        if not groups:
+            return {"before": len(entries), "after": len(entries), "merged": 0}
+        names = [new_segment_name() for _ in groups]
+        futures = [client.submit(tasks.merge_segments, str(plan.index),
+                                 [entries[i] for i in g], manifest, name, pure=False, retries=2)
+                   for g, name in zip(groups, names)]
+        try:
+            for _ in _progress(futures, "compact", stall):
+                pass
+            merged = [f.result() for f in futures]
+            first = {g[0]: e for g, e in zip(groups, merged)}
+            gone = {i for g in groups for i in g}
+            new_entries = [first.get(i, e) for i, e in enumerate(entries)
+                           if i in first or i not in gone]
+            if sum(e["rows"] for e in new_entries) != manifest["rows"]:
+                raise InputError("compaction lost rows; the index is unchanged")
+            write_manifest(plan.index, {**manifest, "segments": new_entries})  # the swap
+        except BaseException:
+            client.cancel(futures)
+            for name in names:  # not named by any manifest: what the tasks wrote goes
+                shutil.rmtree(segment_path(plan.index, name), ignore_errors=True)
+            raise
+        for i in sorted(gone):  # after the swap: nobody refers to them any more
+            shutil.rmtree(segment_path(plan.index, entries[i]["name"]), ignore_errors=True)
+    log.info("compacted %s: %d -> %d segments", plan.index, len(entries), len(new_entries))
+    return {"before": len(entries), "after": len(new_entries),
+            "merged": len(entries) - len(new_entries)}
