@@ -182,3 +182,14 @@ def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr
                 qdense[qlocal[j]] = 0.0
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
+
+
+@njit(cache=True, nogil=True)
+def pair_keys_grid(features):
+    """``pair_key(features[i], features[j])`` for all i, j: uint64 (f * f,), row-major."""
+    f = features.shape[0]
+    out = np.empty(f * f, dtype=np.uint64)
+    for i in range(f):
+        for j in range(f):
+            out[i * f + j] = pair_key(features[i], features[j])
+    return out

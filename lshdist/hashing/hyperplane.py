@@ -26,17 +26,21 @@ import math
 
 import numpy as np
 
-from lshdist._kernels.hashing import pack_signs
+from lshdist._kernels.hashing import gaussian_rows, pack_signs
 from lshdist._kernels.hyperplane import (
     content_seeds,
     eh_project_csr,
     eh_project_pairs,
     eh_sample_pairs,
+    pair_keys_grid,
 )
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily, check_bits, gaussian_matrix, sparse_projection
 
+#: dense EH-Hash materialises U (bits x D x D float64) up to this many entries (64 MB) and
+#: hashes by matrix products; beyond, pairs are generated per row (`eh_project_csr`)
+DENSE_U_ENTRIES = 2**23
 #: the feature id of the constant (bias) feature of sparse rows; dense rows get column d
 BIAS_FEATURE = np.uint64(2**64 - 1)
 FAMILIES = ("h-hash", "eh-hash")
@@ -106,11 +110,14 @@ class HyperplaneFamily(HashFamily):
         """Features the hash functions see (d, plus the bias feature)."""
         return self.d + int(self.bias)
 
-    def _check(self, X: RowsLike, what: str) -> Block:
+    def _check(self, X: RowsLike, what: str, *, exact: bool = False) -> Block:
+        """Rows as a block; ``exact``: dense rows kept in float64 (query normals)."""
         B = as_block(X)
         if not isinstance(B, SparseBlock) and (B.ndim != 2 or B.shape[1] != self.d):
             raise InputError(f"{what} have {B.shape[1] if B.ndim == 2 else B.shape} features, "
                              f"but the hash family has d={self.d}")
+        if exact and not isinstance(B, SparseBlock):
+            B = np.ascontiguousarray(np.asarray(X), np.float64)
         return B
 
     def points(self, X: RowsLike) -> Block:
@@ -122,7 +129,7 @@ class HyperplaneFamily(HashFamily):
 
     def queries(self, W: RowsLike, offsets: np.ndarray | None = None) -> Block:
         """Query normals as the functions see them (the offsets b appended with a bias)."""
-        B = self._check(W, "hyperplane normals")
+        B = self._check(W, "hyperplane normals", exact=True)
         if offsets is not None and not self.bias:
             raise InputError("offsets were given, but the hash family has bias=False")
         if not self.bias:
@@ -208,7 +215,27 @@ class EHHash(HyperplaneFamily):
                              "exact query embedding)")
         self.samples = None if samples is None else int(samples)
 
+    def _dense_U(self) -> np.ndarray | None:
+        """U as float64 (bits, D, D) for dense rows when it is small enough, else None (the
+        same Gaussians as the per-row kernel: features 0..D-1)."""
+        D = self.dims
+        if D * D * self.bits > DENSE_U_ENTRIES:
+            return None
+        if getattr(self, "_U", None) is None:
+            keys = pair_keys_grid(np.arange(D, dtype=np.uint64))
+            G = gaussian_rows(np.uint64(self.seed), keys, self.bits)  # (D*D, bits)
+            self._U = np.ascontiguousarray(G.T.reshape(self.bits, D, D))
+        U: np.ndarray = self._U
+        return U
+
     def _quadratic(self, B: Block) -> np.ndarray:
+        U = None if isinstance(B, SparseBlock) else self._dense_U()
+        if U is not None:
+            X = np.asarray(B, np.float64)
+            # x^T U_b x for all b: (n, D) x (D, bits*D) then a row-wise dot with x
+            XU = (X @ U.transpose(1, 0, 2).reshape(X.shape[1], -1)).reshape(len(X), self.bits, -1)
+            out: np.ndarray = np.einsum("nbj,nj->nb", XU, X)
+            return out
         indptr, indices, data = _csr(B)
         P: np.ndarray = eh_project_csr(indptr, indices, data, np.uint64(self.seed), self.bits)
         return P

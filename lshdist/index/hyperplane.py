@@ -1,0 +1,302 @@
+"""Hyperplane queries: the points nearest to hyperplanes ``w^T x = 0`` (NIPS 2010).
+
+Database points are hashed with the point side of H-Hash or EH-Hash
+(`lshdist.hashing.hyperplane`), query normals with the query side; the permutation lists
+(`PermutationIndex`) find candidates exactly as for k-NN queries, and the candidates are
+re-ranked by the margin ``|w^T x| / ||w||`` (`MarginDensePayload`, `MarginSparsePayload`).
+`HyperplaneIndex` is the one-process API; the distributed job is
+`lshdist.cluster.hyperplane`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from lshdist._kernels.hyperplane import rerank_margin_dense, rerank_margin_sparse
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
+from lshdist.errors import InputError, NotFittedError
+from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
+from lshdist.index.permutation import PermutationIndex
+from lshdist.index.scan import scan_topk
+from lshdist.index.searcher import MODES, permutation_seed
+from lshdist.validation import check_k
+
+if TYPE_CHECKING:
+    from lshdist.protocols import RerankPayload
+
+
+def _inverse_norms(W: Block, d: int | None) -> np.ndarray:
+    """``1 / ||w||`` over the first ``d`` features of dense rows (the normal, not the bias
+    column), or all features of sparse rows (the bias feature excluded by the caller)."""
+    if isinstance(W, SparseBlock):
+        n = np.sqrt(W.row_norms_sq())
+    else:
+        n = np.linalg.norm(np.asarray(W, np.float64)[:, :d], axis=1)
+    if np.any(n == 0):
+        raise InputError(f"hyperplane {int(np.flatnonzero(n == 0)[0])} has a zero normal "
+                         "vector w; every query needs ||w|| > 0")
+    out: np.ndarray = 1.0 / n
+    return out
+
+
+class MarginDensePayload:
+    """Dense rows ``X`` float32 (N, D) (points) or normals (queries: float64, with
+    ``inv_norm`` (Q,)); the distance is ``|w^T x| / ||w||``.  Normals stay float64: a margin
+    near 0 is a difference of large terms, and rounding w to float32 would cost it digits."""
+
+    kind = "margin-dense"
+
+    def __init__(self, X: ArrayLike, inv_norm: ArrayLike | None = None):
+        dtype = np.float32 if inv_norm is None else np.float64
+        self.X = np.ascontiguousarray(X, dtype=dtype)
+        self.inv_norm = None if inv_norm is None else np.ascontiguousarray(inv_norm, np.float64)
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"X": self.X}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> MarginDensePayload:
+        """From stored arrays: ``X`` float32 (N, D).
+
+        Raises
+        ------
+        InputError
+            If an array is missing, extra, or of the wrong dtype or shape.
+        """
+        if set(a) != {"X"}:
+            raise InputError(f"a margin-dense payload has arrays ['X'], got {sorted(a)}")
+        X = np.asarray(a["X"])
+        if X.dtype != np.float32 or X.ndim != 2:
+            raise InputError(f"payload array 'X' must be 2-d float32, got {X.ndim}-d {X.dtype}")
+        return cls(X)
+
+    @property
+    def width(self) -> float:
+        return float(self.X.shape[1])
+
+    def take(self, rows: slice) -> MarginDensePayload:
+        return MarginDensePayload(self.X[rows],
+                                  None if self.inv_norm is None else self.inv_norm[rows])
+
+    def _query_norms(self, query: MarginDensePayload) -> np.ndarray:
+        if query.inv_norm is None:
+            raise InputError("the query payload has no normal norms: encode queries with "
+                             "encode_hyperplanes")
+        if query.X.shape[1] != self.X.shape[1]:
+            raise InputError(f"hyperplanes have {query.X.shape[1]} columns, the index's points "
+                             f"{self.X.shape[1]}")
+        return query.inv_norm
+
+    def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: MarginDensePayload, k: int,
+               tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inv = self._query_norms(query)
+        dist, top = rerank_margin_dense(offsets, rows, self.X, query.X, inv, k, tiebreak)
+        return dist, top
+
+    def distances(self, query: MarginDensePayload) -> np.ndarray:
+        """``|w^T x| / ||w||`` from every query to every row, float64 (Q, N)."""
+        inv = self._query_norms(query)
+        D: np.ndarray = np.abs(query.X @ self.X.T.astype(np.float64))
+        D *= inv[:, None]
+        return D
+
+
+class MarginSparsePayload:
+    """Sparse rows (CSR over uint64 feature ids) of points, or of normals with ``inv_norm``."""
+
+    kind = "margin-sparse"
+
+    def __init__(self, indptr: ArrayLike, indices: ArrayLike, data: ArrayLike,
+                 inv_norm: ArrayLike | None = None):
+        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+        self.indices = np.ascontiguousarray(indices, dtype=np.uint64)
+        self.data = np.ascontiguousarray(data, dtype=np.float32)
+        self.inv_norm = None if inv_norm is None else np.ascontiguousarray(inv_norm, np.float64)
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"indptr": self.indptr, "indices": self.indices, "data": self.data}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> MarginSparsePayload:
+        """From stored arrays: ``indptr`` int64 (N+1,) ascending from 0 to nnz, ``indices``
+        uint64 (nnz,), ``data`` float32 (nnz,).
+
+        Raises
+        ------
+        InputError
+            If an array is missing, extra, of the wrong dtype, or ``indptr`` does not delimit
+            ``indices``.
+        """
+        if set(a) != {"indptr", "indices", "data"}:
+            raise InputError("a margin-sparse payload has arrays ['data', 'indices', 'indptr'], "
+                             f"got {sorted(a)}")
+        for name, dtype in (("indptr", np.int64), ("indices", np.uint64), ("data", np.float32)):
+            v = np.asarray(a[name])
+            if v.dtype != dtype or v.ndim != 1:
+                raise InputError(f"payload array {name!r} must be 1-d {np.dtype(dtype)}, got "
+                                 f"{v.ndim}-d {v.dtype}")
+        indptr, nnz = a["indptr"], len(a["indices"])
+        if (len(indptr) < 1 or len(a["data"]) != nnz or indptr[0] != 0 or indptr[-1] != nnz
+                or np.any(np.diff(indptr) < 0)):
+            raise InputError(f"margin-sparse payload: indptr must ascend from 0 to nnz={nnz} "
+                             "and data have nnz entries")
+        return cls(a["indptr"], a["indices"], a["data"])
+
+    @property
+    def width(self) -> float:
+        return float(self.indptr[-1]) / max(len(self), 1)
+
+    def take(self, rows: slice) -> MarginSparsePayload:
+        start, stop, step = rows.indices(len(self))
+        if step != 1:
+            raise InputError("MarginSparsePayload.take needs a contiguous slice")
+        lo, hi = self.indptr[start], self.indptr[stop]
+        return MarginSparsePayload(self.indptr[start: stop + 1] - lo, self.indices[lo:hi],
+                                   self.data[lo:hi],
+                                   None if self.inv_norm is None else self.inv_norm[start:stop])
+
+    def block(self) -> SparseBlock:
+        return SparseBlock.from_arrays(self.indptr, self.indices, self.data)
+
+    def _local(self) -> tuple[np.ndarray, np.ndarray]:
+        if not hasattr(self, "_features"):
+            self._features, inv = np.unique(self.indices, return_inverse=True)
+            self._local_idx = inv.astype(np.int32).ravel()
+        return self._features, self._local_idx
+
+    def _query_norms(self, query: MarginSparsePayload) -> np.ndarray:
+        if query.inv_norm is None:
+            raise InputError("the query payload has no normal norms: encode queries with "
+                             "encode_hyperplanes")
+        return query.inv_norm
+
+    def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: MarginSparsePayload, k: int,
+               tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inv = self._query_norms(query)
+        features, local = self._local()
+        pos = np.searchsorted(features, query.indices)
+        posc = np.minimum(pos, max(len(features) - 1, 0))
+        hit = ((pos < len(features)) & (features[posc] == query.indices) if len(features)
+               else np.zeros(len(query.indices), bool))
+        qlocal = np.where(hit, posc, -1).astype(np.int32)
+        dist, top = rerank_margin_sparse(offsets, rows, self.indptr, local, self.data,
+                                         len(features), query.indptr, qlocal,
+                                         query.data.astype(np.float64), inv, k, tiebreak)
+        return dist, top
+
+    def distances(self, query: MarginSparsePayload) -> np.ndarray:
+        inv = self._query_norms(query)
+        if not hasattr(self, "_block"):
+            self._block = self.block()
+        D: np.ndarray = np.abs(query.block().dot_t(self._block)) * inv[:, None]
+        return D
+
+
+MarginPayload = MarginDensePayload | MarginSparsePayload
+
+
+def _payload(B: Block, inv_norm: np.ndarray | None = None) -> MarginPayload:
+    if isinstance(B, SparseBlock):
+        return MarginSparsePayload(*B.to_arrays(), inv_norm=inv_norm)
+    return MarginDensePayload(B, inv_norm)
+
+
+def encode_points(family: HyperplaneFamily, X: RowsLike) -> tuple[np.ndarray, MarginPayload]:
+    """Point-side keys and margin payload of database rows (the bias feature appended)."""
+    B = family.points(X)
+    keys: np.ndarray = family.hash(X)
+    return keys, _payload(B)
+
+
+def encode_hyperplanes(family: HyperplaneFamily, W: RowsLike,
+                       offsets: np.ndarray | None = None) -> tuple[np.ndarray, MarginPayload]:
+    """Query-side keys and payload of hyperplane normals ``W`` (and offsets b with a bias)."""
+    raw = family._check(W, "hyperplane normals", exact=True)
+    inv = _inverse_norms(raw, family.d)
+    B = family.queries(W, offsets)
+    keys = family.hash_queries(W, offsets)
+    return keys, _payload(B, inv)
+
+
+class HyperplaneIndex:
+    """Points nearest to query hyperplanes, by H-Hash or EH-Hash keys and the permutation
+    lists; scikit-learn-shaped ``fit(X)`` / ``query(W, k)``.
+
+    Parameters
+    ----------
+    family : ``"h-hash"`` or ``"eh-hash"``
+    bits : key length (H-Hash: two per function, so even)
+    n_permutations, epsilon, window, hamming_keep : see `PermutationIndex` (default W=1, H=0)
+    samples : EH-Hash: t for the sampled query embedding (None: exact)
+    bias : hyperplanes ``w^T x + b = 0`` (``offsets`` b given to ``query``)
+    seed : seeds the hash functions and the permutations
+
+    ``query`` returns ``(distances (Q, k), ids (Q, k))``, ascending ``|w^T x + b| / ||w||``.
+    """
+
+    def __init__(self, *, family: str = "h-hash", bits: int = 64,
+                 n_permutations: int | None = None, epsilon: float | None = None,
+                 window: int = 1, hamming_keep: int = 0, samples: int | None = None,
+                 bias: bool = False, seed: int = 0) -> None:
+        self.family = family
+        self.bits = bits
+        self.n_permutations = n_permutations
+        self.epsilon = epsilon
+        self.window = window
+        self.hamming_keep = hamming_keep
+        self.samples = samples
+        self.bias = bias
+        self.seed = seed
+
+    def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
+            ) -> HyperplaneIndex:
+        B = as_block(X)
+        d = 1 if isinstance(B, SparseBlock) else int(B.shape[1])
+        self.family_ = hyperplane_family(self.family, d=d, bits=self.bits, seed=self.seed,
+                                         bias=self.bias, samples=self.samples)
+        codes, payload = encode_points(self.family_, B)
+        self.index_ = PermutationIndex(
+            n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
+            hamming_keep=self.hamming_keep, seed=permutation_seed(self.seed),
+        ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
+        return self
+
+    def query(self, W: RowsLike, k: int, *, offsets: np.ndarray | None = None,
+              mode: str = "hash", n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """``(distances float32 (Q, k), ids int64 (Q, k))`` by margin, ascending;
+        ``mode="scan"``: exact over all points.  ``self.stats_``: candidates per query of the
+        last hashed query."""
+        if not hasattr(self, "index_"):
+            raise NotFittedError("this HyperplaneIndex is not fitted; call fit(X) first")
+        if mode not in MODES:
+            raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+        k = check_k(k)
+        qcodes, qpayload = encode_hyperplanes(self.family_, W, offsets)
+        dist, ids, stats = search_hyperplanes(self.index_, qcodes, qpayload, k, mode=mode,
+                                              n_threads=n_threads)
+        if mode == "hash":
+            self.stats_ = stats
+        return dist, ids
+
+
+def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload,
+                       k: int, *, mode: str = "hash", n_threads: int = 1
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Top-k margins of encoded hyperplanes against one fitted segment, hashed or by exact
+    scan: ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
+    margins computed per query."""
+    if mode == "scan":
+        dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
+        return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
+    found: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] = index.search(
+        qcodes, qpayload, k, n_threads=n_threads)
+    return found

@@ -1,0 +1,124 @@
+"""`HyperplaneIndex`: hashed hyperplane queries against the exhaustive |w^T x| / ||w|| ranking.
+
+Each test names the bug it catches; each was checked once by planting that bug.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from lshdist._kernels.search import collect_candidates
+from lshdist.blocks import SparseBlock
+from lshdist.errors import InputError, NotFittedError
+from lshdist.index.hyperplane import HyperplaneIndex, MarginDensePayload, MarginSparsePayload
+
+
+def _margins(X, W, b=None):
+    X = np.asarray(X, np.float64)
+    M = X @ np.asarray(W, np.float64).T
+    if b is not None:
+        M += b[None, :]
+    return np.abs(M) / np.linalg.norm(W, axis=1)[None, :]
+
+
+def _data(seed=0, n=400, d=7):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    W = rng.normal(size=(9, d))
+    W[3] *= 40  # scale must not matter
+    ids = rng.permutation(10 * n)[:n].astype(np.int64)  # ids do not rise with rows
+    return X, W, ids
+
+
+@pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
+def test_rerank_is_exact_over_the_candidates(family):
+    """The k returned are the k smallest margins among the query's candidates, with their exact
+    values.  Bugs caught: the re-rank by the signed w^T x, by |w^T x| unnormalised (the scaled
+    hyperplane's order is the same, its distances are not), the query re-ranked with the point
+    side's keys (other candidates)."""
+    X, W, ids = _data()
+    idx = HyperplaneIndex(family=family, bits=32, n_permutations=6, window=3, seed=2)
+    idx.fit(X, ids)
+    k = 5
+    dist, got = idx.query(W, k)
+    from lshdist.index.hyperplane import encode_hyperplanes
+
+    qcodes, _ = encode_hyperplanes(idx.family_, W)
+    cand = idx.index_.candidates(qcodes)
+    offsets, rows, _ = collect_candidates(cand, idx.index_.codes_, qcodes, 0)
+    D = _margins(X, W)
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    for q in range(len(W)):
+        r = rows[offsets[q]:offsets[q + 1]]
+        order = np.lexsort((ids[r], D[r, q].astype(np.float32)))[:k]
+        assert np.array_equal(got[q], ids[r[order]])
+        np.testing.assert_allclose(dist[q], D[[row_of[int(i)] for i in got[q]], q], rtol=1e-5)
+    assert np.array_equal(idx.stats_["reranked"], np.diff(offsets))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_scan_equals_exhaustive_margins_with_bias(sparse):
+    """mode="scan" returns the exhaustive top-k of |w^T x + b| / ||w|| (ties by id), dense and
+    sparse rows.  Bugs caught: ||w|| taken over (w, b) instead of w, the bias appended to the
+    query as 1, the sparse payload's query buffer not cleared."""
+    X, W, ids = _data(1)
+    X[np.random.default_rng(1).random(X.shape) < 0.4] = 0
+    b = np.linspace(-2, 2, len(W))
+    rows = SparseBlock.from_csr(sp.csr_matrix(X)) if sparse else X
+    qrows = SparseBlock.from_csr(sp.csr_matrix(W)) if sparse else W
+    idx = HyperplaneIndex(family="h-hash", bits=16, n_permutations=2, bias=True).fit(rows, ids)
+    k = 7
+    dist, got = idx.query(qrows, k, offsets=b, mode="scan")
+    D = _margins(X, W, b)
+    for q in range(len(W)):
+        order = np.lexsort((ids, D[:, q].astype(np.float32)))[:k]
+        assert np.array_equal(got[q], ids[order])
+        np.testing.assert_allclose(dist[q], D[order, q], rtol=1e-5, atol=1e-6)
+    assert isinstance(idx.index_.payload_, MarginSparsePayload if sparse else MarginDensePayload)
+
+
+def _fashion_pca(fashion, n=20_000, dims=32):
+    X = fashion.X_train[:n].astype(np.float64) / 255.0
+    X -= X.mean(0)
+    _, _, Vt = np.linalg.svd(X[:5000], full_matrices=False)
+    P = (X @ Vt[:dims].T).astype(np.float32)
+    y = fashion.y_train[:n]
+    rng = np.random.default_rng(0)
+    means = np.stack([P[y == c].mean(0) for c in range(10)])
+    noise = rng.normal(size=(5, *means.shape)) * np.linalg.norm(means, axis=1)[:, None]
+    W = np.concatenate(means[None] + 0.3 * noise / np.sqrt(dims))  # classifier-like normals
+    return P, W
+
+
+@pytest.mark.parametrize(("family", "factor"), [("h-hash", 1.2), ("eh-hash", 1.5)])
+def test_recall_beats_a_random_candidate_set_on_fashion(fashion, family, factor):
+    """Fashion-MNIST (20,000 centred images, 32 principal components), 50 classifier-like
+    hyperplanes, b=64, M=64, W=16: recall@10 of the hashed search against the exhaustive
+    margin ranking, compared with a random candidate set of the same size (expected recall =
+    fraction re-ranked).  Measured: H-Hash 0.118 vs 0.089 (1.33x), EH-Hash 0.152 vs 0.087
+    (1.75x).  Bugs caught: the query hashed with the point side (candidates near the *normal*,
+    the worst points: recall below random), u/v or sign errors (recall = random)."""
+    P, W = _fashion_pca(fashion)
+    k = 10
+    idx = HyperplaneIndex(family=family, bits=64, n_permutations=64, window=16, seed=1).fit(P)
+    dist, got = idx.query(W, k)
+    true = np.argsort(_margins(P, W), axis=0, kind="stable")[:k].T
+    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, true)])
+    scanned = idx.stats_["reranked"].mean() / len(P)
+    assert 0.03 < scanned < 0.15
+    assert recall > factor * scanned, (recall, scanned)
+    # the margins found are far below a typical point's
+    assert np.median(dist[:, 0]) < 0.02 * np.median(_margins(P[:2000], W))
+
+
+def test_errors():
+    X, W, _ = _data()
+    with pytest.raises(NotFittedError, match="not fitted"):
+        HyperplaneIndex().query(W, 3)
+    idx = HyperplaneIndex(bits=16, n_permutations=2).fit(X)
+    with pytest.raises(InputError, match="zero normal"):
+        idx.query(np.zeros((1, 7)), 3)
+    with pytest.raises(InputError, match="hyperplane normals have 6 features"):
+        idx.query(W[:, :6], 3)
+    with pytest.raises(InputError, match="k=0"):
+        idx.query(W, 0)
