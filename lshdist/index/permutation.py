@@ -13,6 +13,7 @@ from lshdist._kernels.search import (
     window_candidates_bsearch,
     window_candidates_merge,
 )
+from lshdist._kernels.sort import radix_argsort_u64
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
 from lshdist.validation import check_k
@@ -165,10 +166,11 @@ class PermutationIndex:
 
         def build(part: tuple[int, int]) -> None:
             lo, hi = part
-            prefixes = permutation_prefixes(codes, positions[lo:hi])
-            order = np.argsort(prefixes, axis=1, kind="stable")
-            sorted_prefix[lo:hi] = np.take_along_axis(prefixes, order, 1)
-            sorted_rows[lo:hi] = order
+            for m in range(lo, hi):  # the kernels release the GIL: threads share the lists
+                prefix = permuted_prefix(codes, positions[m])
+                order = radix_argsort_u64(prefix)  # stable: ties by row, as np.argsort's
+                sorted_prefix[m] = prefix[order]
+                sorted_rows[m] = order
 
         parts = _split(M, n_threads)
         if len(parts) > 1:  # the kernel and numpy's sort release the GIL
