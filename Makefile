@@ -28,7 +28,7 @@ test: lint types $(VENV)/.test
 	$(BIN)/pytest
 
 lint: $(VENV)/.test
-	$(BIN)/ruff check lshdist tests benchmarks scripts
+	$(BIN)/ruff check lshdist tests benchmarks scripts jobs
 
 types: $(VENV)/.test
 	$(BIN)/mypy

@@ -223,16 +223,15 @@ def client_for(cfg: ClusterConfig) -> contextlib.AbstractContextManager[Client]:
 
 
 def slurm_cluster(cfg: ClusterConfig) -> Any:
-    """A dask-jobqueue ``SLURMCluster`` (not yet scaled) from dask's ``jobqueue.slurm`` config,
-    updated by the YAML file ``cfg.jobqueue``; TLS files, when given, secure it."""
-    import dask
-
+    """A dask-jobqueue ``SLURMCluster`` (not yet scaled): dask's ``jobqueue.slurm`` config,
+    overridden by the ``jobqueue.slurm`` section of the YAML file ``cfg.jobqueue`` (passed as
+    arguments, so that every job the cluster submits later uses them); TLS files secure it."""
     try:
         from dask_jobqueue.slurm import SLURMCluster
     except ModuleNotFoundError:
         raise InputError("--cluster slurm needs dask-jobqueue: pip install 'lshdist[deploy]'"
                          ) from None
-    overrides: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
     if cfg.jobqueue:
         import yaml
 
@@ -241,11 +240,12 @@ def slurm_cluster(cfg: ClusterConfig) -> Any:
             raise InputError(f"jobqueue config {cfg.jobqueue!r} does not exist; give a YAML file "
                              "with a jobqueue.slurm section (deploy/slurm/jobqueue.yaml)")
         raw = yaml.safe_load(path.read_text())
-        if not isinstance(raw, dict) or not isinstance(raw.get("jobqueue", {}).get("slurm"),
-                                                       dict):
+        section = raw.get("jobqueue", {}).get("slurm") if isinstance(raw, dict) else None
+        if not isinstance(section, dict):
             raise InputError(f"jobqueue config {cfg.jobqueue!r} has no jobqueue.slurm section")
-        overrides = raw
-    kwargs: dict[str, Any] = {}
+        kwargs = {k.replace("-", "_"): v for k, v in section.items() if v is not None}
+        if "name" in kwargs:  # the config's `name` is the constructor's `job_name`
+            kwargs["job_name"] = kwargs.pop("name")
     if cfg.tls_ca_file and cfg.tls_cert:
         from distributed import Security
 
@@ -255,8 +255,11 @@ def slurm_cluster(cfg: ClusterConfig) -> Any:
                                       tls_scheduler_key=cfg.tls_key, tls_worker_cert=cfg.tls_cert,
                                       tls_worker_key=cfg.tls_key, require_encryption=True)
         kwargs["protocol"] = "tls://"
-    with dask.config.set(dask.config.merge(dask.config.config, overrides)):
+    try:
         return SLURMCluster(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"dask-jobqueue refused the SLURM settings ({exc}); check the "
+                         "jobqueue.slurm section (deploy/slurm/jobqueue.yaml)") from None
 
 
 @contextlib.contextmanager

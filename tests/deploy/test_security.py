@@ -186,7 +186,7 @@ def test_default_run_listens_on_loopback_only(data, tmp_path):
                          if c.status == psutil.CONN_LISTEN}
             time.sleep(0.05)
     finally:
-        stdout, stderr = p.communicate(timeout=120)
+        _stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr
     pids = {pid for _, _, pid in seen}
     print(f"\nlistening sockets seen: {sorted(seen)}")

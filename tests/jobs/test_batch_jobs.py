@@ -22,7 +22,7 @@ import zarr
 
 from lshdist.config import load_job_config
 from lshdist.errors import InputError
-from lshdist.jobs.batch import build_index, bulk_query, daily_append
+from lshdist.jobs.batch import daily_append
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import write_dataset
 from lshdist.store.index import index_lock, list_orphans, read_manifest
@@ -81,7 +81,7 @@ def test_build_and_query_scripts(work, tmp_path):
                            capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr
     assert read_manifest(work / "index")["rows"] == 1200
-    qid, nb, dist, _ = read_results(work / "results")
+    qid, nb, _dist, _ = read_results(work / "results")
     assert len(np.unique(qid)) == 100 and nb.shape == (100, 5)
     # the same again refuses to overwrite (exit 2, one line, no traceback)
     r = subprocess.run([sys.executable, str(REPO / "jobs" / "build_index.py"), str(b)],
