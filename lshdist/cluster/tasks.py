@@ -10,7 +10,6 @@ import numpy as np
 
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
-from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
@@ -139,8 +138,10 @@ def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: 
                 [arrays[0][key][:1], *(a[key][1:] + e for a, e in zip(arrays, ends))])
         else:
             merged[key] = np.concatenate([a[key] for a in arrays])
-    kind = segs[0].payload_.kind
-    payload = (DensePayload if kind == "dense" else KernelPayload).from_arrays(merged)
+    # the stored payload's own class reads the merged arrays (every payload kind has
+    # `from_arrays`; the protocol does not name it)
+    payload_cls: Any = type(segs[0].payload_)
+    payload = payload_cls.from_arrays(merged)
     m = manifest["permutations"]
     index = PermutationIndex(n_permutations=m, epsilon=None if m else manifest["epsilon"],
                              seed=permutation_seed(manifest["seed"]))
