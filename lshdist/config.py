@@ -311,6 +311,14 @@ class IndexConfig(Section):
                             metavar="n")
     baseline: bool = opt(False, _flag(),
                          "Charikar's random hyperplanes instead of the learned hash functions")
+    family: str | None = opt(None, _optional(_choice("h-hash", "eh-hash")),
+                             "an index for hyperplane queries (`lshdist query --hyperplanes`): "
+                             "H-Hash or EH-Hash keys, candidates re-ranked by |w^T x|/||w|| "
+                             "(the model only fixes d and dense/sparse; no calibration: M, W, H "
+                             "as given, default M=64, W=8, H=0)")
+    eh_samples: int | None = opt(None, _optional(POSITIVE),
+                                 "eh-hash: t samples of the query embedding (NIPS 2010 Lemma "
+                                 "3.4; t = 1/eps'^2); default exact", metavar="t")
     seed: int = opt(0, SEED, "seed of the hash functions and permutations")
 
     def __post_init__(self) -> None:

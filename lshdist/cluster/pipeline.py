@@ -170,6 +170,9 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     check_not_input(out, (data, model))
     if append:
         manifest = read_manifest(out)
+        if manifest.get("family"):
+            raise InputError(f"index {out!r} is a hyperplane index ({manifest['family']['name']}"
+                             "); --append is not supported for it: rebuild it with --overwrite")
         if manifest["model_checksum"] != model_meta["checksum"]:
             raise InputError(f"index {out!r} was built with another model "
                              f"({manifest['model']!r}); append needs the same model")
@@ -380,6 +383,9 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     if cfg.mode not in (*MODES, "auto"):
         raise InputError(f"mode={cfg.mode!r}; choose one of {[*MODES, 'auto']}")
     manifest = read_manifest(index)
+    if manifest.get("family"):
+        raise InputError(f"index {index!r} was built for hyperplane queries "
+                         f"({manifest['family']['name']}); query it with --hyperplanes")
     try:
         model_meta = read_model_meta(manifest["model"])
     except InputError as exc:

@@ -289,14 +289,18 @@ class HyperplaneIndex:
 
 
 def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload,
-                       k: int, *, mode: str = "hash", n_threads: int = 1
+                       k: int, *, mode: str = "hash", n_threads: int = 1,
+                       n_permutations: int | None = None, window: int | None = None,
+                       hamming_keep: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Top-k margins of encoded hyperplanes against one fitted segment, hashed or by exact
     scan: ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
-    margins computed per query."""
+    margins computed per query.  ``n_permutations``/``window``/``hamming_keep`` override the
+    segment's own for this call."""
     if mode == "scan":
         dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
     found: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] = index.search(
-        qcodes, qpayload, k, n_threads=n_threads)
+        qcodes, qpayload, k, n_threads=n_threads, n_permutations=n_permutations, window=window,
+        hamming_keep=hamming_keep)
     return found

@@ -37,8 +37,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     cluster = from_args(ClusterConfig, args)
+    cfg = from_args(IndexConfig, args)
+    if cfg.family is not None:
+        return _run_hyperplane(args, cfg, cluster)
     plan = plan_build(data=args.data, model=args.model, out=args.out,
-                      cfg=from_args(IndexConfig, args), append=args.append,
+                      cfg=cfg, append=args.append,
                       overwrite=args.overwrite, batch=args.batch)
     if not plan.skipped:  # (checked again under the index lock: a racing run may land it)
         with client_from_config(cluster) as client:
@@ -49,4 +52,22 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
                      f"(b={m['bits']}, W={m['window']})\n")
+    return 0
+
+
+def _run_hyperplane(args: argparse.Namespace, cfg: IndexConfig, cluster: ClusterConfig) -> int:
+    """``--family``: an index for hyperplane queries (`lshdist.cluster.hyperplane`)."""
+    from lshdist.cluster.hyperplane import plan_hyperplane_build, run_hyperplane_build
+    from lshdist.errors import InputError
+
+    if args.append or args.batch:
+        raise InputError("--append/--batch are not supported for hyperplane indexes (--family); "
+                         "build the index again with --overwrite")
+    plan = plan_hyperplane_build(data=args.data, model=args.model, out=args.out, cfg=cfg,
+                                 overwrite=args.overwrite)
+    with client_from_config(cluster) as client:
+        m = run_hyperplane_build(client, plan, stall=cluster.stall_timeout)
+    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
+                     f"({m['family']['name']}, b={m['bits']}, M={m['permutations']}, "
+                     f"W={m['window']})\n")
     return 0

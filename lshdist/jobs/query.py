@@ -17,7 +17,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="k nearest neighbours of every row of QUERIES under the "
                     "index's learned metric; Parquet parts in RESULTS.")
     p.add_argument("--index", required=True, metavar="INDEX", help="an index from `lshdist index`")
-    p.add_argument("--queries", required=True, metavar="DATASET", help="the query rows")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--queries", metavar="DATASET", help="the query rows")
+    src.add_argument("--hyperplanes", metavar="W.npy|DATASET",
+                     help="hyperplane queries (an index built with --family): the points "
+                          "nearest to each hyperplane w^T x = 0, rows of W being the normals w; "
+                          "query_id = row of W.npy (or the dataset's ids), distance = "
+                          "|w^T x|/||w||")
     p.add_argument("--out", required=True, metavar="RESULTS", help="the results directory")
     add_options(p, QueryConfig, title="search")
     p.add_argument("--overwrite", action="store_true",
@@ -29,9 +35,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     cluster = from_args(ClusterConfig, args)
+    if args.hyperplanes is not None:
+        return _run_hyperplanes(args, cluster)
     plan = plan_query(index=args.index, queries=args.queries, out=args.out,
                       cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
     with client_from_config(cluster) as client:
         r = run_query(client, plan, stall=cluster.stall_timeout)
     sys.stdout.write(f"{r['queries']} queries x {r['segments']} segments -> {r['out']}\n")
+    return 0
+
+
+def _run_hyperplanes(args: argparse.Namespace, cluster: ClusterConfig) -> int:
+    from lshdist.cluster.hyperplane import plan_hyperplane_query, run_hyperplane_query
+
+    plan = plan_hyperplane_query(index=args.index, hyperplanes=args.hyperplanes, out=args.out,
+                                 cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
+    with client_from_config(cluster) as client:
+        r = run_hyperplane_query(client, plan, stall=cluster.stall_timeout)
+    sys.stdout.write(f"{r['queries']} hyperplanes x {r['segments']} segments -> {r['out']}\n")
     return 0

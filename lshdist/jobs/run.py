@@ -122,6 +122,10 @@ def prepare_workdir(work: Path, fresh: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config)
+    if cfg.index.family is not None:
+        raise InputError(f"{args.config}: index.family ({cfg.index.family}) builds an index for "
+                         "hyperplane queries, which `lshdist run` does not evaluate; use "
+                         "`lshdist index --family` and `lshdist query --hyperplanes`")
     work = cfg.workdir
     prepare_workdir(work, args.fresh)
     times: dict[str, float] = {}

@@ -34,6 +34,7 @@ import zarr
 
 from lshdist.errors import FormatError, InputError
 from lshdist.index.calibrate import Calibration
+from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PermutationIndex
 from lshdist.store.atomic import atomic_write_text
@@ -46,8 +47,10 @@ FORMAT = "lshdist-index"
 VERSION = 2
 MANIFEST = "index.json"
 SEGMENTS = "segments"
-_PAYLOADS: dict[str, type[DensePayload] | type[KernelPayload]] = {
-    "dense": DensePayload, "kernel": KernelPayload}
+_PAYLOADS: dict[str, type[DensePayload] | type[KernelPayload] | type[MarginDensePayload]
+                | type[MarginSparsePayload]] = {
+    "dense": DensePayload, "kernel": KernelPayload,
+    "margin-dense": MarginDensePayload, "margin-sparse": MarginSparsePayload}
 _UNCOMPRESSED = {"codes", "sorted_rows", "sorted_prefix"}
 _STATE = ("ids", "codes", "positions", "sorted_rows", "sorted_prefix")
 _SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{16}")
@@ -81,6 +84,9 @@ _OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
     # labels of the appends that landed (`lshdist index --append --batch`, a day of
     # jobs/daily_append.py): an append whose label is here adds nothing
     "batches": ((list,), "a list of batch labels (strings)"),
+    # an index for hyperplane queries (`lshdist index --family`): the hash family's name and
+    # its EH-Hash query samples t; its segments hold margin payloads
+    "family": ((dict,), "{'name': 'h-hash' or 'eh-hash', 'samples': an integer >= 1 or null}"),
 }
 _ENTRY_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "name": (_STR, "a segment name seg-<16 hex digits>"),
@@ -292,6 +298,13 @@ def _check_manifest(meta: dict[str, Any], path: Path) -> None:
     if not all(isinstance(b, str) and b for b in batches) or len(set(batches)) != len(batches):
         raise FormatError(f"{where}: batches={batches!r} is not {_OPTIONAL['batches'][1]}, "
                           f"each once; {_REBUILD}")
+    fam = meta.get("family")
+    if fam is not None and (set(fam) != {"name", "samples"}
+                            or fam["name"] not in ("h-hash", "eh-hash")
+                            or not (fam["samples"] is None or (type(fam["samples"]) is int
+                                                               and fam["samples"] >= 1))):
+        raise FormatError(f"{where}: family={fam!r} is not {_OPTIONAL['family'][1]}; "
+                          f"{_REBUILD}")
     bad = [k for k, lo in (("d", 1), ("bits", 1), ("window", 1), ("hamming_keep", 0),
                            ("rows", 0)) if meta[k] < lo]
     if meta["permutations"] is not None and meta["permutations"] < 1:

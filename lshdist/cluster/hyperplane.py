@@ -1,0 +1,284 @@
+"""Distributed hyperplane queries: ``lshdist index --family h-hash|eh-hash`` and
+``lshdist query --hyperplanes`` (NIPS 2010; `lshdist.index.hyperplane` in one process).
+
+The build is the k-NN build of `lshdist.cluster.pipeline` with another encoder: one task per
+segment hashes its rows with the point side of the family and keeps the rows as the margin
+payload; the manifest records the family (field ``family``) and is swapped in last.  There is
+no calibration (no sample of hyperplane queries exists at build time): M, W and H are the ones
+given (defaults `DEFAULT_PERMUTATIONS`, `DEFAULT_WINDOW`, H = 0), and the manifest's
+calibration record says so.  Queries: the normals (a ``.npy`` array or a dataset) are hashed
+with the query side, searched in every segment where it lives, partial top-k lists merged and
+written as Parquet results (`lshdist.store.results`), ``distance`` = ``|w^T x| / ||w||``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lshdist.cluster import tasks
+from lshdist.cluster.pipeline import (
+    BuildPlan,
+    _check_worker_memory,
+    _progress,
+    _remove_segments,
+    _with_segments,
+    plan_build,
+)
+from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
+from lshdist.errors import InputError
+from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
+from lshdist.index.calibrate import Calibration, Point
+from lshdist.index.hyperplane import encode_hyperplanes, encode_points, search_hyperplanes
+from lshdist.index.permutation import PermutationIndex
+from lshdist.index.searcher import permutation_seed
+from lshdist.limits import MAX_PERMUTATIONS
+from lshdist.store.atomic import atomic_dir, check_output, os_error
+from lshdist.store.dataset import Dataset
+from lshdist.store.index import FORMAT, index_lock, new_segment_name, read_manifest, write_manifest
+from lshdist.store.model import read_model_meta
+from lshdist.store.results import write_results
+
+log = logging.getLogger(__name__)
+
+#: M and W of a hyperplane index when not given (no calibration chooses them)
+DEFAULT_PERMUTATIONS = 64
+DEFAULT_WINDOW = 8
+
+
+# ------------------------------------------------------------------------------ worker tasks
+
+
+def make_family(name: str, d: int, bits: int, seed: int, samples: int | None
+                ) -> HyperplaneFamily:
+    return hyperplane_family(name, d=d, bits=bits, seed=seed, samples=samples)
+
+
+def fit_segment(data_path: str, shards: tuple[int, int], family: HyperplaneFamily,
+                lists: int | None, epsilon: float | None, seed: int) -> PermutationIndex:
+    """Hash dataset shards ``shards[0]:shards[1]`` with the point side and fit their lists."""
+    ds = Dataset(data_path)
+    start, stop = (int(ds.shard_bounds[i]) for i in shards)
+    codes, payload = encode_points(family, ds.read_rows(start, stop))
+    index = PermutationIndex(n_permutations=lists, epsilon=epsilon, seed=permutation_seed(seed))
+    index.fit(codes, family.bits, payload, ds.ids()[start:stop])
+    return index
+
+
+def encode_chunk(source: str | np.ndarray, start: int, stop: int, ids: np.ndarray | None,
+                 family: HyperplaneFamily) -> tasks.Encoded:
+    """Query-side keys, margin payload and query ids of normals ``start:stop`` (of an array,
+    query ids = ``ids``, or of a dataset, its own ids)."""
+    if isinstance(source, np.ndarray):
+        W: Any = source
+        qids = np.asarray(ids, np.int64)
+    else:
+        ds = Dataset(source)
+        W, qids = ds.read_rows(start, stop), ds.ids()[start:stop]
+    codes, payload = encode_hyperplanes(family, W)
+    return codes, payload, qids
+
+
+def search_segment(segment: PermutationIndex, encoded: tasks.Encoded, k: int, mode: str,
+                   op: tuple[int, int, int] | None) -> tasks.Partial:
+    """Partial top-k of one chunk of normals against one segment at ``op`` = (M, W, H)
+    (M = 0: the segment's own lists)."""
+    codes, payload, _ = encoded
+    m, w, h = op if op is not None else (0, None, None)
+    dist, ids, stats = search_hyperplanes(
+        segment, codes, payload, k, mode=mode,
+        n_permutations=min(m, segment.n_permutations_) if m else None, window=w, hamming_keep=h)
+    return dist, ids, stats["reranked"]
+
+
+# ------------------------------------------------------------------------------------- build
+
+
+def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
+                          overwrite: bool = False) -> BuildPlan:
+    """Check a hyperplane index build on the driver (no cluster)."""
+    name = cfg.family
+    if name is None:
+        raise InputError("a hyperplane index needs --family h-hash or eh-hash")
+    if cfg.baseline:
+        raise InputError("--baseline (Charikar's family) and --family exclude each other")
+    if cfg.eh_samples is not None and cfg.family != "eh-hash":
+        raise InputError("--eh-samples applies to --family eh-hash only")
+    if cfg.permutations is None and cfg.epsilon is None:
+        cfg = dataclasses.replace(cfg, permutations=DEFAULT_PERMUTATIONS)
+    plan = plan_build(data=data, model=model, out=out, cfg=cfg, overwrite=overwrite)
+    hyperplane_family(name, d=plan.data.d, bits=cfg.bits, seed=cfg.seed,
+                      samples=cfg.eh_samples)  # refuses odd bits for H-Hash, here
+    plan.lists = cfg.permutations
+    plan.manifest.update(
+        family={"name": name, "samples": cfg.eh_samples}, learned=False,
+        permutations=cfg.permutations, epsilon=cfg.epsilon,
+        window=cfg.window or DEFAULT_WINDOW, hamming_keep=cfg.hamming_keep or 0)
+    return plan
+
+
+def run_hyperplane_build(client: Any, plan: BuildPlan, *,
+                         stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
+    """Run a planned hyperplane build on ``client``; returns the manifest (written aside and
+    renamed into place when complete, under the index lock)."""
+    m = plan.manifest
+    _check_worker_memory(client, plan.list_bytes)
+    try:
+        plan.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, plan.out) from None
+    with index_lock(plan.out, timeout=stall), atomic_dir(
+            plan.out, overwrite=plan.overwrite, kind=FORMAT,
+            inputs=(plan.data.path, plan.model)) as tmp:
+        (tmp / "segments").mkdir(parents=True, exist_ok=True)
+        fam = m["family"]
+        family_f = client.submit(make_family, fam["name"], plan.data.d, m["bits"], m["seed"],
+                                 fam["samples"], pure=False, retries=2)
+        client.replicate([family_f])
+        path = str(plan.data.path)
+        names = [new_segment_name() for _ in plan.segments]
+        fits = [client.submit(fit_segment, path, shards, family_f, plan.lists, m["epsilon"],
+                              m["seed"], pure=False, retries=2) for shards in plan.segments]
+        writes = [client.submit(tasks.write_fitted, fit, str(tmp), name, MAX_PERMUTATIONS, path,
+                                shards, pure=False, retries=2)
+                  for fit, name, shards in zip(fits, names, plan.segments)]
+        held = [family_f, *fits, *writes]
+        try:
+            for _ in _progress(writes, "index", stall):
+                pass
+            entries = [f.result() for f in writes]
+        except BaseException:
+            client.cancel(held)
+            _remove_segments(tmp, names)
+            raise
+        client.cancel(held)
+        first = entries[0]["rows"] if entries else 0
+        M = m["permutations"] or (entries[0]["permutations"] if entries else 1)
+        point = Point(permutations=M, window=m["window"], hamming_keep=m["hamming_keep"],
+                      recall=0.0, reranked=0.0, fraction_searched=0.0)
+        cal = Calibration(k=plan.cfg.k, target=0.0, n_database=first, n_queries=0,
+                          scan_seconds_per_query=0.0, points=(), mode="hash", chosen=point,
+                          reason=f"not calibrated: hyperplane queries ({fam['name']}) run at "
+                                 "the M, W, H given; recall not measured")
+        new = _with_segments({**m, "calibration": cal.to_json()}, entries)
+        write_manifest(tmp, new)
+    return new
+
+
+# ------------------------------------------------------------------------------------- query
+
+
+@dataclass
+class HyperplaneQueryPlan:
+    """A checked hyperplane query: everything `run_hyperplane_query` needs."""
+
+    index: Path
+    source: str | np.ndarray  # a dataset path, or the normals (Q, d) of a .npy file
+    n: int
+    ids: np.ndarray | None  # query ids of an array source (its rows)
+    out: Path
+    cfg: QueryConfig
+    overwrite: bool
+    manifest: dict[str, Any]
+    mode: str
+    op: tuple[int, int, int]
+
+
+def _load_normals(path: str, d: int) -> np.ndarray:
+    try:
+        W = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"hyperplanes {path!r} cannot be read as a .npy array ({exc})") from None
+    if W.ndim != 2 or W.dtype.kind not in "biuf" or W.shape[1] != d:
+        raise InputError(f"hyperplanes {path!r} are {W.dtype} {W.shape}; expected a numeric "
+                         f"(Q, {d}) array, one normal w per row")
+    W = np.ascontiguousarray(W, np.float64)
+    if not np.isfinite(W).all():
+        raise InputError(f"hyperplanes {path!r} hold NaN or infinite values")
+    zero = np.flatnonzero(~W.any(axis=1))
+    if len(zero):
+        raise InputError(f"hyperplanes {path!r}: row {int(zero[0])} is a zero normal vector")
+    return W
+
+
+def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
+                          cfg: QueryConfig | None = None, overwrite: bool = False
+                          ) -> HyperplaneQueryPlan:
+    """Check a hyperplane query on the driver: the index is a hyperplane index, the normals
+    (``.npy`` (Q, d) or a dataset) match its data, the output is writable."""
+    cfg = cfg or QueryConfig()
+    manifest = read_manifest(index)
+    fam = manifest.get("family")
+    if fam is None:
+        raise InputError(f"index {index!r} was built for k-NN queries; --hyperplanes needs an "
+                         "index built with --family h-hash or eh-hash (or use --queries)")
+    if cfg.target_recall is not None:
+        raise InputError("--target-recall: a hyperplane index has no calibration curve")
+    try:
+        model_meta = read_model_meta(manifest["model"])
+    except InputError as exc:
+        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
+    sparse = bool(model_meta.get("sparse"))
+    ids: np.ndarray | None = None
+    source: str | np.ndarray
+    if hyperplanes.endswith(".npy") and os.path.isfile(hyperplanes):
+        if sparse:
+            raise InputError(f"index {index!r} holds sparse rows; give the hyperplanes as a "
+                             "sparse dataset (`lshdist ingest`), not a dense .npy array")
+        source = _load_normals(hyperplanes, manifest["d"])
+        n, ids = len(source), np.arange(len(source), dtype=np.int64)
+    else:
+        ds = Dataset(hyperplanes)
+        if (ds.kind == "sparse") != sparse or (not sparse and ds.d != manifest["d"]):
+            raise InputError(f"hyperplanes {hyperplanes!r} are {ds.kind} with {ds.d} features; "
+                             f"index {index!r} holds {'sparse' if sparse else 'dense'} rows "
+                             f"of {manifest['d']}")
+        source, n = str(ds.path), ds.n
+    check_output(out, overwrite, kind="lshdist-results", inputs=(index, hyperplanes))
+    mode = "scan" if cfg.mode == "scan" else "hash"
+    op = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
+    return HyperplaneQueryPlan(Path(index), source, n, ids, Path(out), cfg, overwrite, manifest,
+                               mode, op)
+
+
+def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
+                         stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
+    """Run a planned hyperplane query; returns ``{queries, segments, out, mode}``."""
+    cfg, m = plan.cfg, plan.manifest
+    fam = m["family"]
+    d = m["d"]
+    family_f = client.submit(make_family, fam["name"], d, m["bits"], m["seed"], fam["samples"],
+                             pure=False, retries=2)
+    client.replicate([family_f])
+    segs = [client.submit(tasks.load_segment, str(plan.index), e, m, pure=False, retries=2)
+            for e in m["segments"]]
+    held: list[Any] = [family_f, *segs]
+    try:
+        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
+                           info={"mode": plan.mode, "hyperplanes": fam["name"],
+                                 "operating_point": dict(zip(("permutations", "window",
+                                                              "hamming_keep"), plan.op))}
+                           ) as tmp:
+            writers = []
+            for c, a in enumerate(range(0, plan.n, cfg.query_chunk)):
+                b = min(plan.n, a + cfg.query_chunk)
+                array = isinstance(plan.source, np.ndarray)
+                enc = client.submit(encode_chunk, plan.source[a:b] if array else plan.source,
+                                    a, b, None if plan.ids is None else plan.ids[a:b],
+                                    family_f, pure=False, retries=2)
+                parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op,
+                                       pure=False, retries=2) for s in segs]
+                w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, str(tmp), c,
+                                  pure=False, retries=2)
+                writers.append(w)
+                held += [enc, *parts, w]
+            total = sum(int(f.result()) for f in _progress(writers, "query", stall))
+    finally:
+        client.cancel(held)
+    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode}
