@@ -90,6 +90,33 @@ def plan_compact(index: str, *, min_segments: int, segment_rows: int) -> Compact
                        len(manifest["segments"]))
 
 
+def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
+                  entries: list[dict[str, Any]], stall: float) -> dict[str, Any]:
+    """The operating point again for the new segment sizes (every segment contributes its own
+    candidates, so fewer larger segments need wider windows or cuts for the same recall):
+    calibrated on the largest segment; the manifest's own point where that cannot be done."""
+    from lshdist.index.calibrate import Calibration, Point
+
+    largest = max(entries, key=lambda e: e["rows"])
+    f = client.submit(tasks.recalibrate_stored, str(plan.index), largest, manifest, pure=False)
+    for _ in _progress([f], "calibrate", stall):
+        pass
+    raw = f.result()
+    if raw is None:
+        log.warning("compaction kept the index's operating point: its payload cannot be "
+                    "re-calibrated from the stored segments (recall may drop; rebuild the "
+                    "index to calibrate it again)")
+        return {}
+    cal = Calibration.from_json(raw)
+    ref = cal.chosen or (Point(**cal.extra["timed"]) if "timed" in cal.extra else None)
+    log.info("compaction re-calibrated on %d rows: %s — %s", largest["rows"], cal.mode,
+             cal.reason)
+    op: dict[str, Any] = {"calibration": raw}
+    if ref is not None:
+        op.update(window=ref.window, hamming_keep=ref.hamming_keep)
+    return op
+
+
 def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
                 stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
     """Merge the planned groups on ``client`` under the index lock; returns ``{before, after,
@@ -115,7 +142,8 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
                            if i in first or i not in gone]
             if sum(e["rows"] for e in new_entries) != manifest["rows"]:
                 raise InputError("compaction lost rows; the index is unchanged")
-            write_manifest(plan.index, {**manifest, "segments": new_entries})  # the swap
+            op = _recalibrated(client, plan, manifest, new_entries, stall)
+            write_manifest(plan.index, {**manifest, **op, "segments": new_entries})  # the swap
         except BaseException:
             client.cancel(futures)
             for name in names:  # not named by any manifest: what the tasks wrote goes

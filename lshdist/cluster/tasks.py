@@ -62,7 +62,9 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
                           target=target, seed=seed, fixed=fixed)
-    return cal.to_json()
+    out = cal.to_json()
+    out["extra"]["fixed"] = fixed  # what the user fixed: a re-calibration keeps it fixed
+    return out
 
 
 def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
@@ -117,6 +119,32 @@ def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir:
     dist, ids = merge_topk(parts, k)
     cand = np.sum([p[2] for p in parts], axis=0)
     return write_part(out_dir, chunk, encoded[2], dist, ids, cand)
+
+
+def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any],
+                       ) -> dict[str, Any] | None:
+    """Calibrate a stored segment again (after compaction changed the segment sizes), on a
+    sample of its own rows taken from its stored keys and re-rank payload, for the target and k
+    of the index's calibration; None where the payload cannot serve as queries (kernel
+    payloads: their query side holds other arrays)."""
+    from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, calibrate, sample_rows
+    from lshdist.index.payload import DensePayload
+
+    old = Calibration.from_json(manifest["calibration"])
+    seg = read_segment(index_dir, entry, manifest)
+    if not isinstance(seg.payload_, DensePayload):
+        return None
+    qrows = sample_rows(len(seg), SAMPLE_QUERIES, int(manifest["seed"]))
+    fixed = old.extra.get("fixed") or {}
+    m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
+    cal = calibrate(seg, qrows, np.ascontiguousarray(seg.codes_[qrows]),
+                    DensePayload(seg.payload_.Z[qrows]), k=old.k, target=old.target,
+                    permutations=None if m is None else [min(int(m), seg.n_permutations_)],
+                    windows=None if w is None else [int(w)],
+                    hamming_keeps=None if h is None else [int(h)])
+    out = cal.to_json()
+    out["extra"]["fixed"] = fixed
+    return out
 
 
 def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: dict[str, Any],
