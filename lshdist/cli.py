@@ -21,7 +21,7 @@ from lshdist.store.atomic import is_write_error, os_error
 
 #: subcommand modules, in the order `lshdist --help` lists them
 JOBS = ["ingest", "info", "verify", "gc", "learn", "evaluate", "index", "query", "compact",
-        "run"]
+        "run", "active"]
 
 
 DESCRIPTION = ("Fast similarity search under learned metrics: learn a metric with ITML, hash "

@@ -403,6 +403,40 @@ class EvaluateConfig(Section):
 
 
 @dataclass(frozen=True)
+class ActiveConfig(Section):
+    """Pool-based active learning with hashed hyperplane queries (``lshdist active``)."""
+
+    methods: str = opt("h-hash,eh-hash,exhaustive,random", _string(),
+                       "selection methods, comma-separated: h-hash, eh-hash, exhaustive, "
+                       "random", metavar="LIST")
+    rounds: int = opt(300, POSITIVE, "selection rounds per run")
+    runs: int = opt(5, POSITIVE, "runs (different initial labelled sets)")
+    initial: int = opt(5, POSITIVE, "labelled examples per class to start from", metavar="n")
+    bits: int = opt(64, _int(2, MAX_BITS), "b, bits per hash key (even for h-hash)",
+                    metavar="b")
+    permutations: int = opt(64, _int(1, MAX_PERMUTATIONS), "M, permutation-sorted lists",
+                            metavar="M")
+    window: int = opt(8, POSITIVE, "W, list entries taken on each side of a query",
+                      metavar="W")
+    eh_samples: int | None = opt(None, _optional(POSITIVE),
+                                 "eh-hash: t samples of the query embedding (default exact)",
+                                 metavar="t")
+    C: float = opt(1.0, _float(), "the linear SVMs' C", flag="--svm-c")
+    seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
+
+    def __post_init__(self) -> None:
+        names = tuple(m.strip() for m in self.methods.split(","))
+        known = ("h-hash", "eh-hash", "exhaustive", "random")
+        if not all(names) or any(m not in known for m in names) or len(set(names)) < len(names):
+            raise InputError(f"methods={self.methods!r}: a comma-separated list of distinct "
+                             f"methods among {', '.join(known)}")
+
+    @property
+    def method_list(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.methods.split(","))
+
+
+@dataclass(frozen=True)
 class DataSpec(Section):
     """One split of the ``data:`` section: files to ingest, or a built-in dataset."""
 
