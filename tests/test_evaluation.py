@@ -75,6 +75,7 @@ def test_letter_ml_hash_matches_scan(letter):
         assert 0.009 <= by(rec, "L2-hash", k)["fraction_searched"] <= 0.013  # measured 0.01191
 
 
+@pytest.mark.slow  # ~90 s on 2 cores: CI runs it (make test-slow); the kernel ITML has quick tests
 def test_newsgroups_implicit_ml_beats_cosine(newsgroups):
     Xtr, ytr, Xte, yte = newsgroups
     ml = KernelITML().fit(Xtr, ytr).metric(d=2**64)
