@@ -55,7 +55,7 @@ def _hyperplanes(clf: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def _margins(X: Block, W: np.ndarray, b: np.ndarray) -> np.ndarray:
     """|W x + b| / ||w||: float64 (n, c)."""
-    P = X.matrix @ W.T if isinstance(X, SparseBlock) else np.asarray(X, np.float64) @ W.T
+    P = X.matrix @ W.T if isinstance(X, SparseBlock) else X @ W.T.astype(X.dtype)
     out: np.ndarray = np.abs(np.asarray(P) + b[None, :]) / np.linalg.norm(W, axis=1)[None, :]
     return out
 
@@ -155,9 +155,10 @@ def _select(method: str, pool: Block, labelled: np.ndarray, W: np.ndarray, b: np
     free = np.flatnonzero(~labelled)
     if method == "random":
         return int(rng.choice(free)), 0
-    if method == "exhaustive":
-        M = _margins(take_rows(pool, free), W, b).min(axis=1)
-        return int(free[int(np.argmin(M))]), len(free) * len(W)
+    if method == "exhaustive":  # one product over the whole pool, labelled rows masked
+        M = _margins(pool, W, b).min(axis=1)
+        M[labelled] = np.inf
+        return int(np.argmin(M)), len(free) * len(W)
     if index is None:
         raise InputError(f"no index was built for method {method!r}")
     k = 8
