@@ -35,6 +35,20 @@ if not IN_SPAWNED_CHILD:
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                  "NUMBA_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
         os.environ[_var] = str(N_THREADS)
+    # faiss-cpu 1.15.1's bundled OpenBLAS 0.3.15 does not know this machine's CPU (Xeon with
+    # AVX-512) and falls back to its "Prescott" (SSE3) kernels: FAISS's sgemm ran 5-7x slower
+    # (IndexFlatL2 on Fashion-MNIST 27-75 s instead of ~6 s).  Name the core type its newest
+    # kernels support; numpy's own OpenBLAS detects "SkylakeX" itself, so lshdist is unchanged.
+    if "OPENBLAS_CORETYPE" not in os.environ:
+        try:
+            with open("/proc/cpuinfo") as _f:
+                _flags = next((ln for ln in _f if ln.startswith("flags")), "").split()
+        except OSError:
+            _flags = []
+        if "avx512f" in _flags:
+            os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+        elif "avx2" in _flags:
+            os.environ["OPENBLAS_CORETYPE"] = "Haswell"
     if os.environ.get("BENCH_NUMBA_CACHE", "fresh") == "fresh":
         # a cold cache outside the source tree: compile time is measured for real, and nothing
         # is written under lshdist/
@@ -332,6 +346,7 @@ def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
         "command": " ".join(shlex.quote(a) for a in [_exe(), *sys.argv]),
         "cwd": os.getcwd(),
         "threads": N_THREADS,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "numba_cache": os.environ.get("NUMBA_CACHE_DIR", "default"),
         "machine": machine_info(),
         "loadavg_start": LOADAVG_AT_START,
@@ -358,7 +373,8 @@ def render_md(payload: dict) -> str:
           f"- date: {meta['date']}",
           f"- machine: {m.get('cpus_logical')} logical CPUs ({m.get('cpus_available')} available), "
           f"{m.get('ram_gib')} GiB RAM, {m.get('cpu_model', '?')}",
-          f"- threads pinned: {meta['threads']}",
+          f"- threads pinned: {meta['threads']}; OPENBLAS_CORETYPE="
+          f"{meta.get('openblas_coretype')} (FAISS's bundled OpenBLAS misdetects this CPU)",
           f"- load average (1, 5, 15 min) at start {_fmt_load(meta['loadavg_start'])}, "
           f"at end {_fmt_load(meta['loadavg_end'])} (other processes share these cores)",
           f"- lshdist checkout at start: commit {meta['git_at_start']['commit']}"
@@ -379,3 +395,58 @@ if __name__ == "__main__":  # re-render the markdown of stored results: common.p
         p = Path(arg)
         p.with_suffix(".md").write_text(render_md(json.loads(p.read_text())))
         print(f"rendered {p.with_suffix('.md')}")
+
+
+# --------------------------------------------------------------------------- paired runs
+
+def loadavg() -> list[float] | None:
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def paired_rounds(systems: dict, ref: str, rounds: int = 3, warmup: int = 1,
+                  log=print) -> dict:
+    """Run every system once per round, alternating the order (even rounds as given, odd rounds
+    reversed) so that load from other processes hits all alike; ``warmup`` rounds first
+    (recorded, not counted).
+
+    ``systems``: name -> callable returning a dict with at least ``"total s"`` (and any of
+    ``"build s"``, ``"query s"``, ``"recall@10"``, ...).  Returns ``{"warmup": [...], "runs":
+    [...]}``: per round, name -> that dict plus ``"load"`` (1-min load average after it).
+    """
+    names = list(systems)
+    out: dict = {"warmup": [], "runs": []}
+    for r in range(warmup + rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        rec = {}
+        for name in order:
+            res = dict(systems[name]())
+            res["load"] = loadavg()[0] if loadavg() else None
+            rec[name] = res
+            log(f"  round {r - warmup + 1 if r >= warmup else 'warm-up'}: {name}: "
+                f"total {res['total s']:.2f} s" + (f", recall@10 {res['recall@10']:.4f}"
+                                                   if "recall@10" in res else "")
+                + f" (load {res['load']})", flush=True)
+        (out["warmup"] if r < warmup else out["runs"]).append(rec)
+    return out
+
+
+def paired_summary(runs: list[dict], ref: str, keys=("build s", "query s", "total s")) -> dict:
+    """Per system: median of each of ``keys`` and of recall; ratio ``total(peer) /
+    total(ref)`` per round with its median, min and max."""
+    out = {}
+    for name in runs[0]:
+        vals = {k: [r[name][k] for r in runs if r[name].get(k) is not None] for k in keys}
+        ratios = [r[name]["total s"] / r[ref]["total s"] for r in runs]
+        row = {k: (statistics.median(v) if v else None) for k, v in vals.items()}
+        rec = [r[name]["recall@10"] for r in runs if "recall@10" in r[name]]
+        row["recall@10"] = statistics.median(rec) if rec else None
+        row["ratio median"] = statistics.median(ratios)
+        row["ratio min"] = min(ratios)
+        row["ratio max"] = max(ratios)
+        row["runs total s"] = [round(r[name]["total s"], 3) for r in runs]
+        out[name] = row
+    return out
+
+
+def fmt_ratio(row: dict) -> str:
+    return f"{row['ratio median']:.2f} [{row['ratio min']:.2f}–{row['ratio max']:.2f}]"
