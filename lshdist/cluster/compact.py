@@ -84,6 +84,10 @@ class CompactPlan:
 def plan_compact(index: str, *, min_segments: int, segment_rows: int) -> CompactPlan:
     """Check a compaction on the driver (no cluster): the index and what would be merged."""
     manifest = read_manifest(index)
+    if manifest.get("family"):
+        raise InputError(f"index {index!r} answers hyperplane queries "
+                         f"({manifest['family'].get('name')}); compacting such an index is not "
+                         "built — rebuild it with larger --segment-rows instead")
     groups = compaction_groups(manifest["segments"], min_segments=min_segments,
                                segment_rows=segment_rows)
     return CompactPlan(Path(index), min_segments, segment_rows, groups,
