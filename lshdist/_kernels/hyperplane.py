@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, splitmix64
-from lshdist._kernels.search import _topk
+from lshdist._kernels.search import _topk, scatter_query
 
 
 @njit(cache=True, nogil=True)
@@ -165,9 +165,7 @@ def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr
     out_r = np.full((Q, k), -1, dtype=np.int64)
     qdense = np.zeros(n_features)
     for q in range(Q):
-        for j in range(qindptr[q], qindptr[q + 1]):
-            if qlocal[j] >= 0:
-                qdense[qlocal[j]] = qdata[j]
+        scatter_query(qdense, qindptr, qlocal, qdata, q, False)
         lo, hi = offsets[q], offsets[q + 1]
         r = rows[lo:hi]
         dist = np.empty(hi - lo)
@@ -177,9 +175,7 @@ def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr
             for p in range(indptr[i], indptr[i + 1]):
                 s += np.float64(data[p]) * qdense[local[p]]
             dist[t] = abs(s) * inv_norm[q]
-        for j in range(qindptr[q], qindptr[q + 1]):
-            if qlocal[j] >= 0:
-                qdense[qlocal[j]] = 0.0
+        scatter_query(qdense, qindptr, qlocal, qdata, q, True)
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
 

@@ -159,6 +159,16 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     return out_d, out_r
 
 
+@njit(cache=True, nogil=True)
+def scatter_query(qdense, qindptr, qlocal, qdata, q, clear):
+    """Write query ``q``'s nonzeros into the dense buffer ``qdense`` at their local feature
+    numbers (``qlocal``, -1: a feature no database row has, skipped); with ``clear`` write
+    zeros there instead, leaving the buffer clean for the next query."""
+    for j in range(qindptr[q], qindptr[q + 1]):
+        if qlocal[j] >= 0:
+            qdense[qlocal[j]] = 0.0 if clear else qdata[j]
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindptr, qlocal, qdata,
                   zq, sq, k, tiebreak):
@@ -176,9 +186,7 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
     out_r = np.full((Q, k), -1, dtype=np.int64)
     qdense = np.zeros(n_features, dtype=np.float64)
     for q in range(Q):
-        for j in range(qindptr[q], qindptr[q + 1]):
-            if qlocal[j] >= 0:
-                qdense[qlocal[j]] = qdata[j]
+        scatter_query(qdense, qindptr, qlocal, qdata, q, False)
         lo, hi = offsets[q], offsets[q + 1]
         r = rows[lo:hi]
         dist = np.empty(hi - lo)
@@ -190,9 +198,7 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
             for j in range(c):
                 s += np.float64(kx[i, j]) * zq[q, j]
             dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
-        for j in range(qindptr[q], qindptr[q + 1]):
-            if qlocal[j] >= 0:
-                qdense[qlocal[j]] = 0.0
+        scatter_query(qdense, qindptr, qlocal, qdata, q, True)
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
 
