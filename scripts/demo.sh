@@ -17,7 +17,7 @@ if [ -n "${LSHDIST_DATA_DIR:-}" ] && [ -d "$LSHDIST_DATA_DIR" ]; then
   run info "$OUT/letter-train"
   run info "$OUT/news-test"
   run evaluate --train "$OUT/letter-train" --test "$OUT/letter-test" --out "$OUT/eval-letter" \
-      --bits 64 --permutations 40 --window 4 --threads 2 --no-plots
+      --target-recall 0.9 --k 1,10 --threads 2 --no-plots
   run run configs/fashion-mnist.yaml --fresh
   echo "Fashion-MNIST: out/fashion-mnist/report.json, results-*/ (Parquet), *.png"
 else
