@@ -1,0 +1,12 @@
+"""Embeddings of sets of local features as sparse weighted histograms (ARCHITECTURE.md section 2).
+
+`PointSets` holds the sets (ragged), `PyramidMatch` and `ProximityDistribution` map them to
+histograms over hashed 64-bit bin ids whose intersection (`IntersectionKernel`) is the PMK or
+PDK, and `lshdist.embed.unary` gives ``r^T phi(Y)`` of their implicit unary encoding.
+"""
+
+from lshdist.embed.histogram import IntersectionKernel
+from lshdist.embed.pointsets import PointSets
+from lshdist.embed.pyramid import PyramidMatch
+
+__all__ = ["IntersectionKernel", "PointSets", "PyramidMatch"]
