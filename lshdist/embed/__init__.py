@@ -7,6 +7,7 @@ PDK, and `lshdist.embed.unary` gives ``r^T phi(Y)`` of their implicit unary enco
 
 from lshdist.embed.histogram import IntersectionKernel
 from lshdist.embed.pointsets import PointSets
+from lshdist.embed.proximity import ProximityDistribution
 from lshdist.embed.pyramid import PyramidMatch
 
-__all__ = ["IntersectionKernel", "PointSets", "PyramidMatch"]
+__all__ = ["IntersectionKernel", "PointSets", "ProximityDistribution", "PyramidMatch"]
