@@ -191,7 +191,7 @@ def main():
         hnsw_totals.append(first or hnsw_rows[-1])
         del hix
     # one more lshdist pair after hnswlib: its ratio then has lshdist runs on both sides
-    after = lsh_job()
+    after = {**lsh_job(), "load": common.loadavg()[0]}
     lsh_all = [*lsh_runs, after]
     lsh_tot = [r["total s"] for r in lsh_all]
     h_tot = [h["total s"] for h in hnsw_totals]
@@ -290,7 +290,7 @@ def main():
                  "calibration / build": r["calibration / build"], "query s": r["query s"],
                  "total s": r["total s"], "setting": r["setting"], "mode": r["mode"],
                  "recall@10": r["recall@10"], "% searched": r["% searched"],
-                 "load": r["load"]} for i, r in enumerate(lsh_all)]
+                 "load": r.get("load")} for i, r in enumerate(lsh_all)]
     print(common.md_table(summary))
     print(common.md_table(acceptance))
     notes = [
