@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, splitmix64
-from lshdist._kernels.search import _topk, scatter_query
+from lshdist._kernels.search import _topk, scatter_query, sparse_dot
 
 
 @njit(cache=True, nogil=True)
@@ -171,10 +171,7 @@ def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr
         dist = np.empty(hi - lo)
         for t in range(hi - lo):
             i = r[t]
-            s = 0.0
-            for p in range(indptr[i], indptr[i + 1]):
-                s += np.float64(data[p]) * qdense[local[p]]
-            dist[t] = abs(s) * inv_norm[q]
+            dist[t] = abs(sparse_dot(indptr, local, data, qdense, i)) * inv_norm[q]
         scatter_query(qdense, qindptr, qlocal, qdata, q, True)
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r

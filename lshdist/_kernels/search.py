@@ -160,6 +160,16 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
 
 
 @njit(cache=True, nogil=True)
+def sparse_dot(indptr, local, data, qdense, i):
+    """``x_i^T q`` for CSR row ``i`` (local feature numbers) and a query scattered into
+    ``qdense``: a branch-free gather over the row's nonzeros, in float64."""
+    s = 0.0
+    for p in range(indptr[i], indptr[i + 1]):
+        s += np.float64(data[p]) * qdense[local[p]]
+    return s
+
+
+@njit(cache=True, nogil=True)
 def scatter_query(qdense, qindptr, qlocal, qdata, q, clear):
     """Write query ``q``'s nonzeros into the dense buffer ``qdense`` at their local feature
     numbers (``qlocal``, -1: a feature no database row has, skipped); with ``clear`` write
@@ -192,9 +202,7 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
         dist = np.empty(hi - lo)
         for t in range(hi - lo):
             i = r[t]
-            s = 0.0
-            for p in range(indptr[i], indptr[i + 1]):
-                s += np.float64(data[p]) * qdense[local[p]]
+            s = sparse_dot(indptr, local, data, qdense, i)
             for j in range(c):
                 s += np.float64(kx[i, j]) * zq[q, j]
             dist[t] = max(sx[i] + sq[q] - 2.0 * s, 0.0)
