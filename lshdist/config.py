@@ -306,6 +306,11 @@ class IndexConfig(Section):
                                    "re-rank only the H candidates nearest in Hamming distance "
                                    "per segment, 0: all (fixes H; default: calibrated)",
                                    metavar="H")
+    calibration_queries: str | None = opt(
+        None, _optional(_string()),
+        "a dataset of rows like the real queries, sampled to calibrate with (default: the "
+        "database's own rows, leave-one-out; give one when the database holds near-copies of "
+        "its rows, e.g. augmented data)", metavar="DATASET")
     segment_rows: int = opt(100_000, POSITIVE,
                             "rows per segment (rounded down to whole dataset shards, at least one)",
                             metavar="n")

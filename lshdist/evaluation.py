@@ -72,6 +72,7 @@ class HashSettings:
     hamming_keep: int | None = 0
     seed: int = 0
     target_recall: float | None = None  # calibrate the parameters left None for this recall
+    calibration_queries: Any = None  # rows like the real queries to calibrate with
     n_threads: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -99,6 +100,7 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                          epsilon=settings.epsilon, window=settings.window,
                          hamming_keep=settings.hamming_keep, learned=learned,
                          seed=settings.seed, target_recall=settings.target_recall,
+                         calibration_queries=settings.calibration_queries,
                          calibration_k=recall_k or kmax).fit(X_train,
                                                              n_threads=settings.n_threads)
         t_build = time.perf_counter() - t0

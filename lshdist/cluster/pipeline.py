@@ -182,6 +182,9 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             _check_new_ids(out, manifest, ds)
     else:
         check_output(out, overwrite, kind=FORMAT)
+        if cfg.calibration_queries is not None:
+            check_data_for_model(Dataset(cfg.calibration_queries), model_meta,
+                                 "calibration queries")
         manifest = {
             "format": FORMAT, "version": VERSION, "model": str(Path(model).resolve()),
             "model_checksum": model_meta["checksum"], "kind": model_meta["kind"],
@@ -322,7 +325,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
-                                  pure=False, retries=2)
+                                  cfg.calibration_queries, pure=False, retries=2)
             held.append(cal_f)
             for _ in _progress([cal_f], "calibrate", stall):
                 pass

@@ -55,13 +55,21 @@ def _metric(family: HashFamily) -> Metric:
 
 def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int, int],
                       family: HashFamily, k: int, target: float,
-                      fixed: dict[str, int | None], seed: int) -> dict[str, Any]:
-    """Calibrate a fitted segment on a sample of its own rows (`lshdist.index.calibrate`);
-    returns the calibration as JSON (it goes into the index manifest)."""
+                      fixed: dict[str, int | None], seed: int,
+                      queries_path: str | None = None) -> dict[str, Any]:
+    """Calibrate a fitted segment on a sample of its own rows, or of the dataset
+    ``queries_path`` (`lshdist.index.calibrate`); returns the calibration as JSON (it goes
+    into the index manifest)."""
+    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
+
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
+    queries = None
+    if queries_path is not None:
+        qds = Dataset(queries_path)
+        queries = qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed))
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed)
+                          target=target, seed=seed, fixed=fixed, queries=queries)
     out = cal.to_json()
     out["extra"]["fixed"] = fixed  # what the user fixed: a re-calibration keeps it fixed
     return out

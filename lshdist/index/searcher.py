@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lshdist.blocks import RowsLike, as_block, take_rows
+from lshdist.blocks import RowsLike, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
@@ -83,13 +83,20 @@ def calibrated_lists(n: int, *, n_permutations: int | None, epsilon: float | Non
 
 
 def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily, X: RowsLike,
-                    *, k: int, target: float, seed: int, fixed: dict[str, int | None]
-                    ) -> Calibration:
+                    *, k: int, target: float, seed: int, fixed: dict[str, int | None],
+                    queries: RowsLike | None = None) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
-    (leave-one-out), the parameters in ``fixed`` (not None) kept as given."""
-    n = len(index)
-    qrows = sample_rows(n, SAMPLE_QUERIES, seed)
-    Xq = take_rows(as_block(X), qrows)
+    (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
+    whose rows have near-copies of themselves — augmented data — makes its own rows easier
+    queries than the real ones); the parameters in ``fixed`` (not None) kept as given."""
+    if queries is not None:
+        Q = as_block(queries)
+        pick = sample_rows(n_rows(Q), SAMPLE_QUERIES, seed)
+        Xq = take_rows(Q, pick)
+        qrows = np.full(len(pick), -1, dtype=np.int64)  # not database rows: nothing left out
+    else:
+        qrows = sample_rows(len(index), SAMPLE_QUERIES, seed)
+        Xq = take_rows(as_block(X), qrows)
     qcodes, qpayload = encode(metric, family, Xq, query=True)
     # hashing a query is work the hashed search does and the scan does not (the payload,
     # with any kernel values, serves both)
@@ -118,6 +125,8 @@ class MetricIndex:
     target_recall : recall@``calibration_k`` against the exact scan to calibrate for (None:
         no calibration; W defaults to 1 and H to 0)
     calibration_k : the k of that recall
+    calibration_queries : rows like the real queries to calibrate with (default: a sample of
+        the database's own rows, leave-one-out)
 
     After ``fit`` with a target: ``calibration_`` (`Calibration`), and ``query(mode="auto")``
     answers with the chosen operating point, or by the exact scan where it is no slower.
@@ -126,7 +135,8 @@ class MetricIndex:
     def __init__(self, metric: Metric, *, bits: int = 256, n_permutations: int | None = None,
                  epsilon: float | None = None, window: int | None = None,
                  hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
-                 target_recall: float | None = None, calibration_k: int = 10) -> None:
+                 target_recall: float | None = None, calibration_k: int = 10,
+                 calibration_queries: RowsLike | None = None) -> None:
         self.metric = metric
         self.bits = bits
         self.n_permutations = n_permutations
@@ -137,6 +147,7 @@ class MetricIndex:
         self.seed = seed
         self.target_recall = target_recall
         self.calibration_k = calibration_k
+        self.calibration_queries = calibration_queries
 
     def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
             ) -> MetricIndex:
@@ -160,7 +171,8 @@ class MetricIndex:
                                   k=self.calibration_k, target=self.target_recall,
                                   seed=self.seed, fixed={"permutations": lists if (
                                       self.n_permutations or self.epsilon) else None,
-                                      "window": self.window, "hamming_keep": self.hamming_keep})
+                                      "window": self.window, "hamming_keep": self.hamming_keep},
+                                  queries=self.calibration_queries)
             self.calibration_ = cal
             ref = cal.chosen
             if ref is None and "timed" in cal.extra:  # the scan was chosen: mode="hash" still

@@ -76,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     settings = HashSettings(bits=index_cfg.bits, epsilon=index_cfg.epsilon,
                             n_permutations=index_cfg.permutations, window=index_cfg.window,
                             hamming_keep=index_cfg.hamming_keep, seed=index_cfg.seed,
-                            n_threads=args.threads, target_recall=index_cfg.target_recall)
+                            n_threads=args.threads, target_recall=index_cfg.target_recall,
+                            calibration_queries=None if index_cfg.calibration_queries is None
+                            else Dataset(index_cfg.calibration_queries).read_all())
     n_classes = len(train.classes) if train.classes else None
     records = evaluate(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml, ks=args.k,
                        settings=settings, n_classes=n_classes, recall_k=args.recall_k)

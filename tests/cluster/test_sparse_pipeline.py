@@ -59,3 +59,25 @@ def test_sparse_implicit_pipeline_equals_one_process_per_segment(tmp_path):
     assert np.array_equal(nb, i_ref)
     assert np.allclose(dist, d_ref, rtol=1e-6, atol=1e-7)
     assert (nb >= 0).all() and set(np.unique(nb)) <= set(ids.tolist())
+
+
+def test_index_calibrates_on_a_given_query_sample(tmp_path, capsys):
+    from lshdist.cli import main
+    from lshdist.store.index import read_manifest
+
+    X, y = _sparse_data(600)
+    Xq, _ = _sparse_data(80, seed=3)
+    write_dataset(tmp_path / "db", X, y, shard_rows=300)
+    write_dataset(tmp_path / "q", Xq)
+    write_dataset(tmp_path / "dense", np.zeros((5, 3), np.float32))
+    est = KernelITML(n_basis=30, n_constraints=200, max_iter=10, seed=0).fit(X, y)
+    save_model(tmp_path / "model", est.metric(d=400))
+    base = ["index", "--data", str(tmp_path / "db"), "--model", str(tmp_path / "model"),
+            "--in-process", "--workers", "1"]
+    assert main([*base, "--out", str(tmp_path / "bad"), "--calibration-queries",
+                 str(tmp_path / "dense")]) == 2
+    assert "calibration queries" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main([*base, "--out", str(tmp_path / "idx"), "--calibration-queries",
+                 str(tmp_path / "q")]) == 0
+    cal = read_manifest(tmp_path / "idx")["calibration"]
+    assert cal["n_queries"] == 80 and cal["n_database"] == 600  # the given sample, all rows
