@@ -82,8 +82,9 @@ def validation_line(params: dict[str, Any]) -> str:
     acc = ", ".join(f"{k}-NN prior {100 * p:.2f}% / learned "
                     f"{100 * sel['learned_accuracy'][k]:.2f}%"
                     for k, p in sel["prior_accuracy"].items())
-    return (f"validation ({sel['n_validation']} held-out rows): {acc}; selected "
-            f"{sel['selected']} ({sel['setting']})")
+    which = (f"learned ({sel['setting']})" if sel["selected"] == "learned"
+             else f"prior (best learned setting: {sel['setting']})")
+    return f"validation ({sel['n_validation']} held-out rows): {acc}; selected {which}"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
