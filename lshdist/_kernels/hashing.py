@@ -28,27 +28,35 @@ def splitmix64(x):
 
 
 @njit(cache=True, nogil=True)
+def add_gaussians(out, row, s, key, w, bits):
+    """``out[row, t] += w * g_t`` for the ``bits`` standard normals ``g_t`` of counter ``key``
+    under the mixed seed ``s``: Box-Muller over two SplitMix64 outputs per pair of bits.  The one
+    stream every counter-based family draws from (features, feature pairs, unary bins)."""
+    k = splitmix64(s ^ key)
+    for t in range((bits + 1) // 2):
+        z1 = splitmix64(k + np.uint64(2 * t) * _GOLDEN)
+        z2 = splitmix64(k + np.uint64(2 * t + 1) * _GOLDEN)
+        u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
+        u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
+        rad = np.sqrt(-2.0 * np.log(u1))
+        out[row, 2 * t] += w * rad * np.cos(2.0 * np.pi * u2)
+        if 2 * t + 1 < bits:
+            out[row, 2 * t + 1] += w * rad * np.sin(2.0 * np.pi * u2)
+
+
+@njit(cache=True, nogil=True)
 def gaussian_rows(seed, features, bits):
     """``r[bit, f]`` for every feature id in ``features``: float64 (len(features), bits).
 
     Entry ``(i, t)`` is a standard normal that depends only on ``(seed, t, features[i])``
-    (Box-Muller over two SplitMix64 outputs), so any worker generates the same hash
-    coefficients for the features it sees, and nothing of size bits x d is ever stored.
+    (`add_gaussians`), so any worker generates the same hash coefficients for the features it
+    sees, and nothing of size bits x d is ever stored.
     """
     n = features.shape[0]
-    out = np.empty((n, bits))
+    out = np.zeros((n, bits))
     s = splitmix64(np.uint64(seed))
     for i in range(n):
-        key = splitmix64(s ^ features[i])
-        for t in range((bits + 1) // 2):
-            z1 = splitmix64(key + np.uint64(2 * t) * _GOLDEN)
-            z2 = splitmix64(key + np.uint64(2 * t + 1) * _GOLDEN)
-            u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
-            u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
-            rad = np.sqrt(-2.0 * np.log(u1))
-            out[i, 2 * t] = rad * np.cos(2.0 * np.pi * u2)
-            if 2 * t + 1 < bits:
-                out[i, 2 * t + 1] = rad * np.sin(2.0 * np.pi * u2)
+        add_gaussians(out, i, s, features[i], 1.0, bits)
     return out
 
 

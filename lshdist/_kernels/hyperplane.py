@@ -8,7 +8,7 @@ so no d x d matrix exists for sparse data, and every worker draws the same U.
 import numpy as np
 from numba import njit
 
-from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, splitmix64
+from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, add_gaussians, splitmix64
 from lshdist._kernels.search import _topk, scatter_query, sparse_dot
 
 
@@ -16,22 +16,6 @@ from lshdist._kernels.search import _topk, scatter_query, sparse_dot
 def pair_key(fi, fj):
     """The counter of entry (i, j) of U: ordered (U need not be symmetric), uint64."""
     return splitmix64(splitmix64(fi) + fj * _GOLDEN)
-
-
-@njit(cache=True, nogil=True)
-def _add_gaussians(out, r, s, key, w, bits):
-    """``out[r, b] += w * U_b`` for the pair counter ``key``: the same Box-Muller stream as
-    `lshdist._kernels.hashing.gaussian_rows` (entry (key, b))."""
-    k = splitmix64(s ^ key)
-    for t in range((bits + 1) // 2):
-        z1 = splitmix64(k + np.uint64(2 * t) * _GOLDEN)
-        z2 = splitmix64(k + np.uint64(2 * t + 1) * _GOLDEN)
-        u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
-        u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
-        rad = np.sqrt(-2.0 * np.log(u1))
-        out[r, 2 * t] += w * rad * np.cos(2.0 * np.pi * u2)
-        if 2 * t + 1 < bits:
-            out[r, 2 * t + 1] += w * rad * np.sin(2.0 * np.pi * u2)
 
 
 @njit(cache=True, nogil=True)
@@ -49,7 +33,7 @@ def eh_project_csr(indptr, indices, data, seed, bits):
             xp = np.float64(data[p])
             fp = indices[p]
             for q in range(indptr[r], indptr[r + 1]):
-                _add_gaussians(out, r, s, pair_key(fp, indices[q]), xp * np.float64(data[q]),
+                add_gaussians(out, r, s, pair_key(fp, indices[q]), xp * np.float64(data[q]),
                                bits)
     return out
 
@@ -112,7 +96,7 @@ def eh_project_pairs(fi, fj, wt, seed, bits):
     for r in range(n):
         for j in range(t):
             if wt[r, j] != 0.0:
-                _add_gaussians(out, r, s, pair_key(fi[r, j], fj[r, j]), wt[r, j], bits)
+                add_gaussians(out, r, s, pair_key(fi[r, j], fj[r, j]), wt[r, j], bits)
     return out
 
 

@@ -9,7 +9,7 @@ the sum of the first ``n`` Gaussians of that bin's stream, and no unary vector i
 import numpy as np
 from numba import njit
 
-from lshdist._kernels.hashing import splitmix64
+from lshdist._kernels.hashing import add_gaussians, splitmix64
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _UNARY_TAG = np.uint64(0xA4093822299F31D0)
@@ -39,21 +39,6 @@ def unary_ids(ids, counts):
 
 
 @njit(cache=True, nogil=True)
-def _add_gaussians(s, feature, bits, v, out, row):
-    # The arithmetic of gaussian_rows, one feature at a time (tested equal to it).
-    key = splitmix64(s ^ feature)
-    for t in range((bits + 1) // 2):
-        z1 = splitmix64(key + np.uint64(2 * t) * _GOLDEN)
-        z2 = splitmix64(key + np.uint64(2 * t + 1) * _GOLDEN)
-        u1 = (np.float64(z1 >> _S11) + 0.5) * _TWO53
-        u2 = (np.float64(z2 >> _S11) + 0.5) * _TWO53
-        rad = np.sqrt(-2.0 * np.log(u1))
-        out[row, 2 * t] += v * rad * np.cos(2.0 * np.pi * u2)
-        if 2 * t + 1 < bits:
-            out[row, 2 * t + 1] += v * rad * np.sin(2.0 * np.pi * u2)
-
-
-@njit(cache=True, nogil=True)
 def unary_projection(seed, indptr, ids, counts, values, bits):
     """``r^T phi(Y)`` of the unary encoding of every row: float64 (n, bits).
 
@@ -68,5 +53,5 @@ def unary_projection(seed, indptr, ids, counts, values, bits):
     for y in range(n):
         for k in range(indptr[y], indptr[y + 1]):
             for j in range(counts[k]):
-                _add_gaussians(s, unary_id(ids[k], j), bits, values[k], out, y)
+                add_gaussians(out, y, s, unary_id(ids[k], j), values[k], bits)
     return out
