@@ -56,12 +56,7 @@ def main():
 
     # ------------------------------------------------ ground truth: FAISS flat, once
     def flat_job():
-        t0 = time.perf_counter()
-        ix = faiss.IndexFlatL2(d)
-        ix.add(Xtr)
-        tb = time.perf_counter() - t0
-        _, ids = ix.search(Xte, K)
-        return tb, time.perf_counter() - t0 - tb, ids
+        return common.faiss_flat(faiss, Xtr, Xte, K)
 
     tb, tq, I_true = flat_job()
     print(f"ground truth: FAISS IndexFlatL2 {tb + tq:.2f} s", flush=True)

@@ -110,12 +110,7 @@ def main():
           f"load {common.loadavg()}; data {t_data:.1f} s", flush=True)
 
     def flat_job():
-        t0 = time.perf_counter()
-        ix = faiss.IndexFlatL2(d)
-        ix.add(Xdb)
-        tb = time.perf_counter() - t0
-        _, ids = ix.search(Xq, K)
-        return tb, time.perf_counter() - t0 - tb, ids
+        return common.faiss_flat(faiss, Xdb, Xq, K)
 
     tb, tq, I_true = flat_job()
     print(f"ground truth: FAISS IndexFlatL2 {tb + tq:.2f} s", flush=True)

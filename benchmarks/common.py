@@ -189,6 +189,17 @@ def once(fn):
 # --------------------------------------------------------------------------- quality
 # recall@k: use `lshdist.evaluation.recall_at_k(found, truth, k)` (-1 padding never matches).
 
+def faiss_flat(faiss, Xdb: np.ndarray, Xq: np.ndarray, k: int):
+    """FAISS ``IndexFlatL2``: ``(build s, query s, ids (Q, k))`` — the exact peer and the ground
+    truth of the k-NN benchmarks."""
+    t0 = time.perf_counter()
+    ix = faiss.IndexFlatL2(Xdb.shape[1])
+    ix.add(Xdb)
+    tb = time.perf_counter() - t0
+    _, ids = ix.search(Xq, k)
+    return tb, time.perf_counter() - t0 - tb, ids
+
+
 def exact_knn_l2(Xdb: np.ndarray, Xq: np.ndarray, k: int, chunk: int = 2048):
     """Exact L2 k-NN by brute force in float64: ``(sq_dists, ids)``, ascending, (Q, k)."""
     Xdb = np.asarray(Xdb, np.float64)
