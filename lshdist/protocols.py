@@ -72,8 +72,8 @@ class RerankPayload(Protocol):
         """The arrays a segment stores, by name (read back by the class's ``from_arrays``)."""
         ...
 
-    def take(self, rows: slice) -> Self:
-        """The payload of rows ``rows``."""
+    def take(self, rows: slice | np.ndarray) -> Self:
+        """The payload of rows ``rows`` (a contiguous slice, or an integer array)."""
         ...
 
     def distances(self, query: Self) -> np.ndarray:

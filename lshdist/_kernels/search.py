@@ -118,9 +118,26 @@ def collect_candidates(cand, codes, qcodes, keep):
 @njit(cache=True, nogil=True)
 def _topk(dist, rows, k, out_d, out_r, q, tiebreak):
     """Smallest k of ``dist`` (float32-rounded), ties by ``tiebreak[row]`` (the row ids), so
-    that the result does not depend on the order candidates were found in."""
+    that the result does not depend on the order candidates were found in.  With many
+    candidates only those at or below the k-th smallest value are sorted (a selection first:
+    the sorted prefix is the same)."""
     n = dist.shape[0]
     d32 = dist.astype(np.float32)
+    if n > 4 * k and k > 0:
+        kth = np.partition(d32, k - 1)[k - 1]
+        m = 0
+        for t in range(n):
+            if d32[t] <= kth:
+                m += 1
+        sel = np.empty(m, dtype=np.int64)
+        m = 0
+        for t in range(n):
+            if d32[t] <= kth:
+                sel[m] = t
+                m += 1
+        d32 = d32[sel]
+        rows = rows[sel]
+        n = m
     by_id = np.argsort(tiebreak[rows], kind="mergesort")
     order = by_id[np.argsort(d32[by_id], kind="mergesort")]
     for t in range(min(k, n)):
@@ -246,49 +263,89 @@ def smallest_per_row(D, kk, keys):
 
 
 @njit(cache=True, nogil=True)
-def candidate_recall(cand, codes, qcodes, truth, qself, keeps):
-    """Hits and re-ranked rows of every Hamming cut at once (calibration).
+def candidate_hamming(full, codes, qcodes):
+    """Hamming distance of the full keys of every window entry to its query, int32 (Q, M, T)
+    (-1 where the entry is -1), computed once for the whole calibration grid."""
+    Q, M, T = full.shape
+    out = np.full((Q, M, T), -1, dtype=np.int32)
+    for q in range(Q):
+        for m in range(M):
+            for t in range(T):
+                v = full[q, m, t]
+                if v >= 0:
+                    out[q, m, t] = hamming(codes[v], qcodes[q])
+    return out
 
-    For each query: its distinct candidates (``cand`` row, -1 ignored, in discovery order),
-    ordered by Hamming distance of the full keys, ties in discovery order — the order in which
-    `collect_candidates` keeps them — then for each ``keeps[j]`` (0: all) the number of the
-    first ``keeps[j]`` that are in ``truth[q]`` (true neighbours, -1 padded) and how many are
-    not the query's own row ``qself[q]``.
 
-    Returns hits int64 (len(keeps),), reranked int64 (len(keeps),) summed over queries.
+@njit(cache=True, nogil=True)
+def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
+    """Hits and re-ranked rows of every (M', W', Hamming cut) of a grid at once (calibration): ``full`` (Q, M, 2 W) are the
+    window candidates of the largest M and W, ``ham`` their Hamming distances
+    (`candidate_hamming`); the candidates of (M', W') are ``full[:, :M', W - W': W + W']``
+    in list-major order, as `PermutationIndex.candidates` returns them.  The same cut as
+    `collect_candidates` (the smallest Hamming distances, ties in discovery order) by a
+    stable counting sort over the ``n_bits + 1`` distances.
+
+    For each query and each grid point: its distinct candidates (-1 ignored), cut to the first
+    ``keeps[j]`` (0: all), the number of them in ``truth[q]`` (true neighbours, -1 padded) and
+    how many are not the query's own row ``qself[q]``.
+
+    Returns hits, reranked: int64 (len(ms), len(ws), len(keeps)), summed over queries.
     """
-    Q, T = cand.shape
-    N = codes.shape[0]
-    nk = keeps.shape[0]
-    mark = np.full(N, -1, dtype=np.int64)
-    good = np.full(N, -1, dtype=np.int64)
-    buf = np.empty(T, dtype=np.int64)
-    ham = np.empty(T, dtype=np.int64)
-    hits = np.zeros(nk, dtype=np.int64)
-    reranked = np.zeros(nk, dtype=np.int64)
+    Q, M, T = full.shape
+    w_max = T // 2
+    nm, nw, nk = ms.shape[0], ws.shape[0], keeps.shape[0]
+    N = 0
+    for q in range(Q):
+        for m in range(M):
+            for t in range(T):
+                if full[q, m, t] + 1 > N:
+                    N = full[q, m, t] + 1
+    mark = np.full(max(N, 1), -1, dtype=np.int64)
+    good = np.full(max(N, 1), -1, dtype=np.int64)
+    buf = np.empty(M * T, dtype=np.int64)
+    hb = np.empty(M * T, dtype=np.int64)
+    srt = np.empty(M * T, dtype=np.int64)
+    count = np.zeros(n_bits + 2, dtype=np.int64)
+    hits = np.zeros((nm, nw, nk), dtype=np.int64)
+    reranked = np.zeros((nm, nw, nk), dtype=np.int64)
+    stamp = 0
     for q in range(Q):
         for t in range(truth.shape[1]):
-            if truth[q, t] >= 0:
+            if 0 <= truth[q, t] < N:
                 good[truth[q, t]] = q
-        n = 0
-        for t in range(T):
-            v = cand[q, t]
-            if v >= 0 and mark[v] != q:
-                mark[v] = q
-                buf[n] = v
-                ham[n] = hamming(codes[v], qcodes[q])
-                n += 1
-        order = np.argsort(ham[:n], kind="mergesort")  # stable: ties in discovery order
-        for j in range(nk):
-            lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
-            h = 0
-            s = 0
-            for t in range(lim):
-                r = buf[order[t]]
-                if good[r] == q:
-                    h += 1
-                if r == qself[q]:
-                    s += 1
-            hits[j] += h
-            reranked[j] += lim - s
+        for a in range(nm):
+            mm = ms[a]
+            for b in range(nw):
+                w = ws[b]
+                stamp += 1
+                n = 0
+                for m in range(mm):
+                    for t in range(w_max - w, w_max + w):
+                        v = full[q, m, t]
+                        if v >= 0 and mark[v] != stamp:
+                            mark[v] = stamp
+                            buf[n] = v
+                            hb[n] = ham[q, m, t]
+                            n += 1
+                count[:] = 0
+                for t in range(n):
+                    count[hb[t] + 1] += 1
+                for h in range(1, n_bits + 2):
+                    count[h] += count[h - 1]
+                for t in range(n):  # stable: ties keep discovery order
+                    srt[count[hb[t]]] = buf[t]
+                    count[hb[t]] += 1
+                for j in range(nk):
+                    lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
+                    hh = 0
+                    s = 0
+                    for t in range(lim):
+                        r = srt[t]
+                        if good[r] == q:
+                            hh += 1
+                        if r == qself[q]:
+                            s += 1
+                    hits[a, b, j] += hh
+                    reranked[a, b, j] += lim - s
     return hits, reranked

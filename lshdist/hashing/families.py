@@ -19,6 +19,9 @@ from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 if TYPE_CHECKING:
     from lshdist.protocols import Metric
 
+#: rows projected at once by `HashFamily.hash` (a (rows, b) float32 block stays in cache)
+HASH_BLOCK_ROWS = 4096
+
 
 def check_bits(bits: int) -> int:
     if (not isinstance(bits, (int, np.integer)) or isinstance(bits, bool)
@@ -41,6 +44,11 @@ def sparse_projection(X: SparseBlock, seed: int, bits: int) -> np.ndarray:
     return np.asarray(X.matrix.astype(np.float64) @ Rf)
 
 
+def _rows_f32(X: np.ndarray) -> np.ndarray:
+    """Dense rows as float32, without a copy when they already are."""
+    return np.asarray(X, dtype=np.float32)
+
+
 class HashFamily:
     """Base: b bits from ``project``."""
 
@@ -54,7 +62,14 @@ class HashFamily:
         raise NotImplementedError
 
     def hash(self, X: RowsLike) -> np.ndarray:
-        """Packed keys, uint64 (n, ceil(bits / 64))."""
+        """Packed keys, uint64 (n, ceil(bits / 64)).  Dense rows are projected in blocks of
+        `HASH_BLOCK_ROWS` (the (n, b) projection never exists whole)."""
+        if isinstance(X, np.ndarray) and X.ndim == 2 and len(X) > HASH_BLOCK_ROWS:
+            out = np.empty((len(X), (self.bits + 63) // 64), dtype=np.uint64)
+            for lo in range(0, len(X), HASH_BLOCK_ROWS):
+                hi = min(lo + HASH_BLOCK_ROWS, len(X))
+                out[lo:hi] = pack_signs(np.ascontiguousarray(self.project(X[lo:hi])))
+            return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys
 
@@ -81,9 +96,11 @@ class RandomHyperplanes(HashFamily):
         if B.shape[1] != self.d:
             raise InputError(f"X has {B.shape[1]} features, but the hash family has d={self.d}")
         if self._R is None:
-            self._R = gaussian_matrix(self.seed, self.d, self.bits)
-            self._offset = 0.0 if self.center is None else self._R @ self.center
-        P: np.ndarray = B.astype(np.float64) @ self._R.T - self._offset
+            R = gaussian_matrix(self.seed, self.d, self.bits)
+            self._R = np.ascontiguousarray(R.T.astype(np.float32))  # (d, b)
+            self._offset = (np.float32(0.0) if self.center is None
+                            else (R @ np.asarray(self.center, np.float64)).astype(np.float32))
+        P: np.ndarray = _rows_f32(B) @ self._R - self._offset
         return P
 
 
@@ -101,10 +118,16 @@ class LearnedExplicit(HashFamily):
         self.RG = gaussian_matrix(self.seed, metric.d, self.bits) @ metric.G
         c = metric.center
         self.offset = np.zeros(self.bits) if c is None else self.RG @ c.astype(np.float64)
+        # the product runs in float32 (the rows' own precision; half the bytes and twice the
+        # flops of float64): the signs differ from float64 only where |r^T G (x - mu)| is
+        # within float32 rounding of 0, and database and queries are hashed by this one path
+        self._RGt32 = np.ascontiguousarray(self.RG.T.astype(np.float32))  # (d, b)
+        self._offset32 = self.offset.astype(np.float32)
 
     def project(self, X: RowsLike) -> np.ndarray:
+        """``RG (x - mu)`` for every row, float32 (n, b)."""
         Xd = self.metric.check(X)
-        P: np.ndarray = Xd.astype(np.float64) @ self.RG.T - self.offset
+        P: np.ndarray = _rows_f32(Xd) @ self._RGt32 - self._offset32
         return P
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lshdist._kernels.search import candidate_recall
+from lshdist._kernels.search import candidate_hamming, candidate_recall_grid
 from lshdist.errors import FormatError, InputError
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
@@ -43,7 +43,7 @@ SAMPLE_QUERIES = 200
 #: queries of the timed searches (the chosen point and the scan)
 TIMED_QUERIES = 200
 WINDOWS = (1, 2, 4, 8, 16, 32)
-HAMMING_FACTORS = (2, 4, 8, 16, 32, 64, 128)  # H = factor * k; 0 (keep all) is always tried
+HAMMING_FACTORS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # H = factor * k; 0 (all) too
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Calibration:
         reaches it among those the index's lists allow; its time is estimated from the
         chosen point's measured time in proportion to `Point.cost`."""
         pts = [p for p in self.points if p.permutations <= max_permutations]
-        p = choose_point(pts, target, self.width)
+        p = choose_point(pts, target, self.width, recall_margin(target, self.n_queries, self.k))
         if p is None:
             return "scan", None, _no_point(pts, target)
         ref = self.chosen or self.extra.get("timed")
@@ -130,12 +130,22 @@ class Calibration:
         return decide_mode(p, self.scan_seconds_per_query)
 
 
-def choose_point(points: Sequence[Point], target: float, width: float) -> Point | None:
+def recall_margin(target: float, n_queries: int, k: int) -> float:
+    """One standard error of a recall measured on ``n_queries`` queries of ``k`` neighbours at
+    ``target`` (``sqrt(r (1 - r) / (k n))``): a point is chosen only if its calibrated recall
+    reaches the target by this much, so that a sample's luck does not pick a point whose
+    recall on all queries falls below the target (0.0067 at 0.9, 200 queries, k = 10)."""
+    return float(np.sqrt(target * (1.0 - target) / max(n_queries * k, 1)))
+
+
+def choose_point(points: Sequence[Point], target: float, width: float,
+                 margin: float = 0.0) -> Point | None:
     """The cheapest point (`Point.cost`; ties to fewer lists, smaller W and H) whose recall
-    reaches ``target``; None if none does.  Pure and deterministic."""
+    reaches ``target + margin`` (capped at 1); None if none does.  Pure and deterministic."""
     if not 0 < target <= 1:
         raise InputError(f"target recall {target}: must be in (0, 1]")
-    ok = [p for p in points if p.recall >= target]
+    need = min(target + margin, 1.0)
+    ok = [p for p in points if p.recall >= need]
     if not ok:
         return None
     return min(ok, key=lambda p: (p.cost(width), p.permutations, p.window, p.hamming_keep))
@@ -163,10 +173,11 @@ def decide_mode(point: Point, scan_seconds: float) -> tuple[str, Point | None, s
 
 
 def select(points: Sequence[Point], target: float, scan_seconds: float, width: float,
-           time_point: Callable[[Point], float]) -> tuple[str, Point | None, str]:
+           time_point: Callable[[Point], float], margin: float = 0.0
+           ) -> tuple[str, Point | None, str]:
     """``(mode, point, reason)``: `choose_point`, timed with ``time_point`` (seconds per
     query), then `decide_mode`; the scan when no point reaches the target."""
-    p = choose_point(points, target, width)
+    p = choose_point(points, target, width, margin)
     if p is None:
         return "scan", None, _no_point(points, target)
     p = Point(p.permutations, p.window, p.hamming_keep, p.recall, p.reranked,
@@ -220,14 +231,16 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
                          f"{index.n_permutations_}")
     full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
                                                                                 2 * w_max)
+    ham = candidate_hamming(full, index.codes_, qcodes)
     keeps = np.asarray(hs, dtype=np.int64)
+    hits, reranked = candidate_recall_grid(full, ham, index.bits_, truth, qrows,
+                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
+                                           keeps)
     points: list[Point] = []
-    for m in ms:
-        for w in ws:
-            cand = np.ascontiguousarray(full[:, :m, w_max - w: w_max + w]).reshape(Q, -1)
-            hits, reranked = candidate_recall(cand, index.codes_, qcodes, truth, qrows, keeps)
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
             seen: set[float] = set()
-            for h, hit, rr in zip(hs, hits, reranked):
+            for h, hit, rr in zip(hs, hits[a, b], reranked[a, b]):
                 kept = float(rr) / Q
                 if kept in seen:
                     continue  # H at or beyond every query's candidates: the same point
@@ -243,7 +256,8 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
                      hamming_keep=p.hamming_keep)
         return (timer() - t0) / nt + hash_overhead
 
-    mode, chosen, reason = select(points, target, scan_s, width, time_point)
+    mode, chosen, reason = select(points, target, scan_s, width, time_point,
+                                  recall_margin(target, Q, ks))
     extra: dict[str, Any] = {}
     if chosen is None and mode == "scan":
         best = choose_point(points, min(target, max((p.recall for p in points), default=1.0)),

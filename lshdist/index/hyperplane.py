@@ -19,6 +19,7 @@ from lshdist._kernels.hyperplane import rerank_margin_dense, rerank_margin_spars
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
+from lshdist.index.payload import csr_take
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import MODES, permutation_seed
@@ -80,7 +81,7 @@ class MarginDensePayload:
     def width(self) -> float:
         return float(self.X.shape[1])
 
-    def take(self, rows: slice) -> MarginDensePayload:
+    def take(self, rows: slice | np.ndarray) -> MarginDensePayload:
         return MarginDensePayload(self.X[rows],
                                   None if self.inv_norm is None else self.inv_norm[rows])
 
@@ -155,14 +156,11 @@ class MarginSparsePayload:
     def width(self) -> float:
         return float(self.indptr[-1]) / max(len(self), 1)
 
-    def take(self, rows: slice) -> MarginSparsePayload:
-        start, stop, step = rows.indices(len(self))
-        if step != 1:
-            raise InputError("MarginSparsePayload.take needs a contiguous slice")
-        lo, hi = self.indptr[start], self.indptr[stop]
-        return MarginSparsePayload(self.indptr[start: stop + 1] - lo, self.indices[lo:hi],
-                                   self.data[lo:hi],
-                                   None if self.inv_norm is None else self.inv_norm[start:stop])
+    def take(self, rows: slice | np.ndarray) -> MarginSparsePayload:
+        """Rows ``rows``: a slice with step 1, or an integer array (any order)."""
+        indptr, (indices, data) = csr_take(self.indptr, (self.indices, self.data), rows)
+        return MarginSparsePayload(indptr, indices, data,
+                                   None if self.inv_norm is None else self.inv_norm[rows])
 
     def block(self) -> SparseBlock:
         return SparseBlock.from_arrays(self.indptr, self.indices, self.data)

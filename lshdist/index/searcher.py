@@ -12,6 +12,10 @@ from lshdist.blocks import RowsLike, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
+
+#: query sets of at least this many rows are re-calibrated on a sample of themselves (the
+#: sample's exact neighbours then cost at most 1/20 of the full scan)
+RECALIBRATE_QUERIES = 20 * SAMPLE_QUERIES
 from lshdist.index.params import resolve_permutations
 from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PermutationIndex
@@ -127,16 +131,21 @@ class MetricIndex:
     calibration_k : the k of that recall
     calibration_queries : rows like the real queries to calibrate with (default: a sample of
         the database's own rows, leave-one-out)
+    recalibrate : with a target, a ``query(mode="auto")`` of at least `RECALIBRATE_QUERIES`
+        rows first calibrates again on a sample of those queries (their exact neighbours cost
+        ``SAMPLE_QUERIES / Q`` of a scan), so that the operating point fits the queries
+        actually asked — a database's own rows can be easier queries than the real ones
 
     After ``fit`` with a target: ``calibration_`` (`Calibration`), and ``query(mode="auto")``
-    answers with the chosen operating point, or by the exact scan where it is no slower.
+    answers with the chosen operating point, or by the exact scan where it is no slower; after
+    a re-calibrated query, ``query_calibration_`` holds the curve it used.
     """
 
     def __init__(self, metric: Metric, *, bits: int = 256, n_permutations: int | None = None,
                  epsilon: float | None = None, window: int | None = None,
                  hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
                  target_recall: float | None = None, calibration_k: int = 10,
-                 calibration_queries: RowsLike | None = None) -> None:
+                 calibration_queries: RowsLike | None = None, recalibrate: bool = True) -> None:
         self.metric = metric
         self.bits = bits
         self.n_permutations = n_permutations
@@ -148,6 +157,7 @@ class MetricIndex:
         self.target_recall = target_recall
         self.calibration_k = calibration_k
         self.calibration_queries = calibration_queries
+        self.recalibrate = recalibrate
 
     def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
             ) -> MetricIndex:
@@ -166,12 +176,13 @@ class MetricIndex:
         ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
         self.calibration_: Calibration | None = None
         self.mode_ = "hash"
+        self.fixed_: dict[str, int | None] = {
+            "permutations": lists if (self.n_permutations or self.epsilon) else None,
+            "window": self.window, "hamming_keep": self.hamming_keep}
         if self.target_recall is not None:
             cal = calibrate_index(self.index_, self.metric, self.family_, X,
                                   k=self.calibration_k, target=self.target_recall,
-                                  seed=self.seed, fixed={"permutations": lists if (
-                                      self.n_permutations or self.epsilon) else None,
-                                      "window": self.window, "hamming_keep": self.hamming_keep},
+                                  seed=self.seed, fixed=self.fixed_,
                                   queries=self.calibration_queries)
             self.calibration_ = cal
             ref = cal.chosen
@@ -198,13 +209,28 @@ class MetricIndex:
             raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
         if mode not in (*MODES, "auto"):
             raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
+        op: dict[str, int | None] = {"n_permutations": getattr(self, "op_permutations_", None)}
         if mode == "auto":
             mode = self.mode_
+            if (self.target_recall is not None and self.recalibrate
+                    and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
+                cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
+                                      k=self.calibration_k, target=self.target_recall,
+                                      seed=self.seed, fixed=self.fixed_, queries=Xq)
+                self.query_calibration_ = cal
+                mode = cal.mode
+                ref = cal.chosen
+                if ref is None and "timed" in cal.extra:
+                    ref = Point(**cal.extra["timed"])
+                if ref is not None:
+                    op = {"n_permutations": ref.permutations, "window": ref.window,
+                          "hamming_keep": ref.hamming_keep}
+                log.info("query-time calibration on %d of the %d queries (%.1fs): %s — %s",
+                         cal.n_queries, n_rows(as_block(Xq)), cal.seconds, cal.mode, cal.reason)
         self.last_mode_ = mode
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
         dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
-                                  n_threads=n_threads,
-                                  n_permutations=getattr(self, "op_permutations_", None))
+                                  n_threads=n_threads, **op)
         if mode == "hash":
             self.stats_ = stats
         return dist, ids

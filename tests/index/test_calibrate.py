@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lshdist._kernels.search import candidate_recall, collect_candidates
+from lshdist._kernels.search import candidate_hamming, candidate_recall_grid, collect_candidates
 from lshdist.errors import InputError
 from lshdist.index.calibrate import Calibration, Point, calibrate, choose_point, decide_mode
 from lshdist.index.scan import scan_topk
@@ -39,24 +39,29 @@ def test_scan_when_the_hashed_point_is_no_faster():
     assert (mode, p) == ("scan", None) and "no slower" in why
 
 
-def test_candidate_recall_matches_collect_candidates():
+def test_candidate_recall_grid_matches_collect_candidates():
     # catches: a Hamming cut that differs from collect_candidates (ties in discovery order),
-    # self-matches counted as hits, off-by-one at the cut
+    # self-matches counted as hits, off-by-one at the cut, a wrong (M', W') slice
     rng = np.random.default_rng(0)
-    N, Q, T, words = 300, 40, 60, 2
+    N, Q, M, W, words = 300, 40, 4, 6, 2
     codes = rng.integers(0, 2**63, size=(N, words), dtype=np.int64).view(np.uint64)
     qcodes = codes[:Q] ^ (rng.integers(0, 2**8, size=(Q, words)).astype(np.uint64))
-    cand = rng.integers(-1, N, size=(Q, T)).astype(np.int64)
+    full = rng.integers(-1, N, size=(Q, M, 2 * W)).astype(np.int64)
     truth = rng.integers(0, N, size=(Q, 5)).astype(np.int64)
     qself = np.arange(Q, dtype=np.int64)
+    ms, ws = np.array([1, 2, 4]), np.array([1, 3, 6])
     keeps = np.array([0, 3, 10, 25, 1000], np.int64)
-    hits, reranked = candidate_recall(cand, codes, qcodes, truth, qself, keeps)
-    for j, h in enumerate(keeps):
-        off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
-        owner = np.repeat(np.arange(Q), np.diff(off))
-        ref_hits = sum(int(np.isin(rows[owner == q], truth[q]).sum()) for q in range(Q))
-        ref_rr = int((rows != qself[owner]).sum())
-        assert (hits[j], reranked[j]) == (ref_hits, ref_rr), h
+    ham = candidate_hamming(full, codes, qcodes)
+    hits, reranked = candidate_recall_grid(full, ham, 64 * words, truth, qself, ms, ws, keeps)
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            cand = np.ascontiguousarray(full[:, :m, W - w: W + w]).reshape(Q, -1)
+            for j, h in enumerate(keeps):
+                off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
+                owner = np.repeat(np.arange(Q), np.diff(off))
+                ref_hits = sum(int(np.isin(rows[owner == q], truth[q]).sum()) for q in range(Q))
+                ref_rr = int((rows != qself[owner]).sum())
+                assert (hits[a, b, j], reranked[a, b, j]) == (ref_hits, ref_rr), (m, w, h)
 
 
 def _index(seed=0, n=1500, d=12):
