@@ -46,7 +46,7 @@ def main():
     from lshdist.evaluation import recall_at_k
     from lshdist.jobs.common import client_from_config
     from lshdist.jobs.learn import learn
-    from lshdist.jobs.run import ingest_split, prepare_workdir
+    from lshdist.jobs.run import ingest_split, prepare_workdir, run_index_config
     from lshdist.store.model import load_model, save_model
     from lshdist.store.results import read_results
 
@@ -109,7 +109,7 @@ def main():
         def lsh_job():
             t0 = time.perf_counter()
             plan = plan_build(data=str(train.path), model=str(model), out=str(index),
-                              cfg=cfg.index, overwrite=index.exists())
+                              cfg=run_index_config(cfg, test), overwrite=index.exists())
             manifest = run_build(client, plan, stall=stall)
             tb = time.perf_counter() - t0
             qp = plan_query(index=str(index), queries=str(test.path), out=str(results),

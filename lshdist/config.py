@@ -292,7 +292,7 @@ class IndexConfig(Section):
                                "and H for (the options below, when given, stay fixed)",
                                metavar="R")
     k: int = opt(10, POSITIVE, "the k of the calibrated recall@k")
-    bits: int = opt(256, _int(1, MAX_BITS), "b, bits per hash key", metavar="b")
+    bits: int = opt(512, _int(1, MAX_BITS), "b, bits per hash key", metavar="b")
     epsilon: float | None = opt(None, _optional(_float()),
                                 "M = ceil(2 n^(1/(1+e))) permutations for n rows per segment "
                                 "(fixes M; default: calibrated)", metavar="e")

@@ -279,14 +279,15 @@ def candidate_hamming(full, codes, qcodes):
 
 @njit(cache=True, nogil=True)
 def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
-    """Hits and re-ranked rows of every (M', W', Hamming cut) of a grid at once (calibration): ``full`` (Q, M, 2 W) are the
-    window candidates of the largest M and W, ``ham`` their Hamming distances
-    (`candidate_hamming`); the candidates of (M', W') are ``full[:, :M', W - W': W + W']``
-    in list-major order, as `PermutationIndex.candidates` returns them.  The same cut as
-    `collect_candidates` (the smallest Hamming distances, ties in discovery order) by a
-    stable counting sort over the ``n_bits + 1`` distances.
+    """Hits and re-ranked rows of every (M', W', Hamming cut) of a grid at once (calibration).
 
-    For each query and each grid point: its distinct candidates (-1 ignored), cut to the first
+    ``full`` (Q, M, 2 W): the window candidates of the largest M and W; ``ham``: their Hamming
+    distances (`candidate_hamming`).  The candidates of (M', W') are
+    ``full[:, :M', W - W': W + W']`` in list-major order, as `PermutationIndex.candidates`
+    returns them.  The cut is `collect_candidates`'s (the smallest Hamming distances, ties in
+    discovery order), by a stable counting sort over the ``n_bits + 1`` distances.
+
+    For each query and grid point: its distinct candidates (-1 ignored), cut to the first
     ``keeps[j]`` (0: all), the number of them in ``truth[q]`` (true neighbours, -1 padded) and
     how many are not the query's own row ``qself[q]``.
 

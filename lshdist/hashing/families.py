@@ -19,8 +19,9 @@ from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 if TYPE_CHECKING:
     from lshdist.protocols import Metric
 
-#: rows projected at once by `HashFamily.hash` (a (rows, b) float32 block stays in cache)
-HASH_BLOCK_ROWS = 4096
+#: rows projected at once by `HashFamily.hash`: every BLAS call has this shape (so a row's
+#: key does not depend on the chunking); a (rows, b) float32 block stays in cache
+HASH_BLOCK_ROWS = 256
 
 
 def check_bits(bits: int) -> int:
@@ -53,6 +54,8 @@ class HashFamily:
     """Base: b bits from ``project``."""
 
     name = "base"
+    #: dense rows are hashed in fixed-size blocks (`hash`): set by the float32 BLAS families
+    fixed_blocks = False
     bits: int
     seed: int
     #: the metric whose candidates are re-ranked (None: a baseline family without one)
@@ -62,13 +65,27 @@ class HashFamily:
         raise NotImplementedError
 
     def hash(self, X: RowsLike) -> np.ndarray:
-        """Packed keys, uint64 (n, ceil(bits / 64)).  Dense rows are projected in blocks of
-        `HASH_BLOCK_ROWS` (the (n, b) projection never exists whole)."""
-        if isinstance(X, np.ndarray) and X.ndim == 2 and len(X) > HASH_BLOCK_ROWS:
-            out = np.empty((len(X), (self.bits + 63) // 64), dtype=np.uint64)
-            for lo in range(0, len(X), HASH_BLOCK_ROWS):
-                hi = min(lo + HASH_BLOCK_ROWS, len(X))
-                out[lo:hi] = pack_signs(np.ascontiguousarray(self.project(X[lo:hi])))
+        """Packed keys, uint64 (n, ceil(bits / 64)).
+
+        Dense rows of the float32 families are projected in blocks of exactly
+        `HASH_BLOCK_ROWS` rows (the last one padded with zero rows): BLAS then multiplies every
+        row with the same kernel and summation order whatever the number of rows asked, so a
+        row's key does not depend on how the rows were chunked (shards, segments, query
+        batches) — float32 rounding near 0 would otherwise flip a bit between chunkings."""
+        if self.fixed_blocks and isinstance(X, np.ndarray) and X.ndim == 2:
+            n = len(X)
+            out = np.empty((n, (self.bits + 63) // 64), dtype=np.uint64)
+            pad = np.zeros((HASH_BLOCK_ROWS, X.shape[1]), dtype=np.float32)
+            for lo in range(0, n, HASH_BLOCK_ROWS):
+                hi = min(lo + HASH_BLOCK_ROWS, n)
+                if hi - lo == HASH_BLOCK_ROWS:
+                    block = X[lo:hi]
+                else:
+                    pad[: hi - lo] = X[lo:hi]
+                    pad[hi - lo:] = 0.0
+                    block = pad
+                P = self.project(block)
+                out[lo:hi] = pack_signs(np.ascontiguousarray(P[: hi - lo]))
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys
@@ -78,6 +95,7 @@ class RandomHyperplanes(HashFamily):
     """Charikar's ``h_r(x) = [r^T x >= 0]``, the unlearned baseline (dense or sparse rows)."""
 
     name = "charikar"
+    fixed_blocks = True
 
     def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None,
                  metric: Metric | None = None):
@@ -87,7 +105,7 @@ class RandomHyperplanes(HashFamily):
         self.seed = int(seed)
         self.center = center
         self._R: np.ndarray | None = None
-        self._offset: float | np.ndarray
+        self._offset: np.ndarray
 
     def project(self, X: RowsLike) -> np.ndarray:
         B = as_block(X)
@@ -98,8 +116,8 @@ class RandomHyperplanes(HashFamily):
         if self._R is None:
             R = gaussian_matrix(self.seed, self.d, self.bits)
             self._R = np.ascontiguousarray(R.T.astype(np.float32))  # (d, b)
-            self._offset = (np.float32(0.0) if self.center is None
-                            else (R @ np.asarray(self.center, np.float64)).astype(np.float32))
+            c = np.zeros(self.d) if self.center is None else np.asarray(self.center, np.float64)
+            self._offset = (R @ c).astype(np.float32)
         P: np.ndarray = _rows_f32(B) @ self._R - self._offset
         return P
 
@@ -109,6 +127,7 @@ class LearnedExplicit(HashFamily):
     ``mu`` is the metric's centre (zero when it has none: the paper's form)."""
 
     name = "learned-explicit"
+    fixed_blocks = True
     metric: ExplicitMetric
 
     def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):

@@ -12,10 +12,6 @@ from lshdist.blocks import RowsLike, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
-
-#: query sets of at least this many rows are re-calibrated on a sample of themselves (the
-#: sample's exact neighbours then cost at most 1/20 of the full scan)
-RECALIBRATE_QUERIES = 20 * SAMPLE_QUERIES
 from lshdist.index.params import resolve_permutations
 from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PermutationIndex
@@ -27,6 +23,9 @@ if TYPE_CHECKING:
     from lshdist.protocols import Metric, RerankPayload
 
 MODES = ("hash", "scan")
+#: query sets of at least this many rows are re-calibrated on a sample of themselves (the
+#: sample's exact neighbours then cost at most 1/20 of the full scan)
+RECALIBRATE_QUERIES = 20 * SAMPLE_QUERIES
 log = logging.getLogger(__name__)
 
 
@@ -141,7 +140,7 @@ class MetricIndex:
     a re-calibrated query, ``query_calibration_`` holds the curve it used.
     """
 
-    def __init__(self, metric: Metric, *, bits: int = 256, n_permutations: int | None = None,
+    def __init__(self, metric: Metric, *, bits: int = 512, n_permutations: int | None = None,
                  epsilon: float | None = None, window: int | None = None,
                  hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
                  target_recall: float | None = None, calibration_k: int = 10,
@@ -209,28 +208,36 @@ class MetricIndex:
             raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
         if mode not in (*MODES, "auto"):
             raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
-        op: dict[str, int | None] = {"n_permutations": getattr(self, "op_permutations_", None)}
         if mode == "auto":
-            mode = self.mode_
             if (self.target_recall is not None and self.recalibrate
                     and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
-                cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
-                                      k=self.calibration_k, target=self.target_recall,
-                                      seed=self.seed, fixed=self.fixed_, queries=Xq)
-                self.query_calibration_ = cal
-                mode = cal.mode
-                ref = cal.chosen
-                if ref is None and "timed" in cal.extra:
-                    ref = Point(**cal.extra["timed"])
-                if ref is not None:
-                    op = {"n_permutations": ref.permutations, "window": ref.window,
-                          "hamming_keep": ref.hamming_keep}
-                log.info("query-time calibration on %d of the %d queries (%.1fs): %s — %s",
-                         cal.n_queries, n_rows(as_block(Xq)), cal.seconds, cal.mode, cal.reason)
+                self.calibrate_for(Xq)
+            mode = self.mode_
         self.last_mode_ = mode
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
         dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
-                                  n_threads=n_threads, **op)
+                                  n_threads=n_threads,
+                                  n_permutations=getattr(self, "op_permutations_", None))
         if mode == "hash":
             self.stats_ = stats
         return dist, ids
+
+    def calibrate_for(self, Xq: RowsLike) -> Calibration:
+        """Calibrate again on a sample of the queries ``Xq`` (the parameters given at
+        construction kept) and answer later ``auto`` and ``hash`` queries at the point chosen;
+        the curve is kept in ``query_calibration_``."""
+        if not hasattr(self, "index_"):
+            raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
+        if self.target_recall is None:
+            raise InputError("calibrate_for needs a target_recall")
+        cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
+                              k=self.calibration_k, target=self.target_recall, seed=self.seed,
+                              fixed=self.fixed_, queries=Xq)
+        self.query_calibration_ = cal
+        ref = cal.chosen
+        if ref is None and "timed" in cal.extra:
+            ref = Point(**cal.extra["timed"])
+        self.set_operating_point(cal.mode, ref)
+        log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
+                 n_rows(as_block(Xq)), cal.seconds, cal.mode, cal.reason)
+        return cal

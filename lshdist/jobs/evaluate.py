@@ -123,5 +123,6 @@ def _print_table(records: list[dict[str, Any]]) -> None:
     for r in records:
         if r["setting"].endswith("hash") and r.get("calibration") and r["setting"] not in shown:
             shown.add(r["setting"])
-            print(f"{r['setting'][:2]} calibration ({r['calibration_seconds']:.1f}s): "
+            print(f"{r['setting'][:2]} calibration on {r['calibrated_on']} "
+                  f"({r['calibration_seconds']:.1f}s): "
                   f"{r['auto_mode']} — {r['calibration']}")

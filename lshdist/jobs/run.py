@@ -12,6 +12,7 @@ A config (see ``configs/``; every key is checked, see `lshdist.config`)::
                                          # or {builtin: digits} for scikit-learn's digits
     learn: {kind: explicit, constraints: 10000}          # any `lshdist learn` option
     index: {bits: 64, permutations: 40, window: 4, segment_rows: 4000}
+                                         # (calibration_queries: default the test data)
     query: {k: 10, query_chunk: 2000}
     evaluate: {ks: [1, 4], recall_k: 10, plots: true}
 
@@ -27,13 +28,14 @@ import logging
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
-from lshdist.config import DataSpec, QueryConfig, RunConfig, load_run_config
+from lshdist.config import DataSpec, IndexConfig, QueryConfig, RunConfig, load_run_config
 from lshdist.errors import InputError
 from lshdist.evaluation import knn_predict
 from lshdist.jobs.common import client_from_config
@@ -105,6 +107,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def run_index_config(cfg: RunConfig, test: Dataset) -> IndexConfig:
+    """The index section of a run: the queries of the run are known before the index is
+    built, so unless the config names calibration queries the calibration samples the test
+    data (rows like the real queries by construction, not the database's own rows)."""
+    if cfg.index.calibration_queries is not None:
+        return cfg.index
+    return replace(cfg.index, calibration_queries=str(test.path))
+
+
 def prepare_workdir(work: Path, fresh: bool) -> None:
     """Create (or with ``fresh`` clear) the workdir; only a directory marked as an lshdist
     workdir, or an empty one, is ever used or cleared."""
@@ -143,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     times["learn"] = time.perf_counter() - t
     learned = read_model_meta(model).get("params", {})
     index = work / "index"
-    build = plan_build(data=str(train.path), model=str(model), out=str(index), cfg=cfg.index,
-                       overwrite=index.exists())
+    build = plan_build(data=str(train.path), model=str(model), out=str(index),
+                       cfg=run_index_config(cfg, test), overwrite=index.exists())
     with client_from_config(cfg.cluster) as client:
         t = time.perf_counter()
         run_build(client, build, stall=cfg.cluster.stall_timeout)

@@ -140,3 +140,29 @@ def test_explicit_float32_projection_matches_float64_reference_and_blocks(monkey
     whole = fam.hash(X)
     monkeypatch.setattr(fams, "HASH_BLOCK_ROWS", 64)
     assert np.array_equal(fam.hash(X), whole)
+
+
+@pytest.mark.parametrize("family", ["explicit", "charikar"])
+def test_float32_keys_do_not_depend_on_the_chunking(family):
+    """Keys of the same rows hashed whole, in uneven chunks and one row at a time are equal bit
+    for bit (every BLAS call has the same shape), on rows built to have projections near 0."""
+    rng = np.random.default_rng(5)
+    d, bits = 40, 256
+    X = rng.normal(size=(3000, d)).astype(np.float32)
+    R = gaussian_matrix(9, d, bits)
+    # rows nearly orthogonal to some hash vectors: projections within float32 rounding of 0
+    for i in range(0, 3000, 3):
+        r = R[i % bits]
+        X[i] -= (X[i] @ r / (r @ r) * r).astype(np.float32)
+    if family == "explicit":
+        from lshdist.metric.learned import ExplicitMetric
+
+        fam = LearnedExplicit(ExplicitMetric.identity(d), bits=bits, seed=9)
+    else:
+        fam = RandomHyperplanes(d=d, bits=bits, seed=9)
+    whole = fam.hash(X)
+    cuts = np.sort(rng.choice(np.arange(1, 3000), size=17, replace=False))
+    parts = np.vstack([fam.hash(p) for p in np.split(X, cuts)])
+    assert np.array_equal(parts, whole)
+    for i in rng.choice(3000, size=60, replace=False):
+        assert np.array_equal(fam.hash(X[i:i + 1]), whole[i:i + 1])
