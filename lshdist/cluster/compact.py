@@ -1,21 +1,26 @@
 """Compaction: merge an index's small segments into larger ones (``lshdist compact``).
 
 Appends add one or more small segments each (a day of data); every query visits every segment,
-so many small segments cost a task and a file read each.  Compaction merges runs of small
-segments into segments of at most ``segment_rows`` rows, re-fitting their lists from the stored
-keys and payloads on Dask workers (`lshdist.cluster.tasks.merge_segments`): a merged segment is
-the one a fresh build of the same rows writes.
+so many small segments cost a segment load and a task per query chunk each.  Compaction merges
+runs of small segments into segments of at most ``segment_rows`` rows, in one of two ways:
+
+* **packing** (the default, `lshdist.store.index.pack_segments`): the small segments are
+  copied, file for file, as the parts of one new segment (`PackedSegment`); each part is
+  searched as the segment it was and the answers merged by (distance, id), exactly as separate
+  segments' answers are — so every query, hashed or exact, answers **identically** before and
+  after (tested bit for bit), with one segment to load and one task per chunk instead of many.
+  The operating point (calibration) is unchanged: nothing it measured has changed.
+* **re-fitting** (``--refit``, `lshdist.cluster.tasks.merge_segments`): the lists are fitted
+  again over the merged rows from the stored keys and payloads, on Dask workers — the segment a
+  fresh build with larger segments writes.  A hashed search then gathers candidates from fewer,
+  longer lists (fewer per query at the same W and H), so its answers change; the operating
+  point is calibrated again on the largest segment.
 
 Atomicity: everything happens under the index lock (no append, build or gc meanwhile); the new
 segments are written first under new names, the manifest is swapped in one rename, and only
 then are the old segments removed.  A kill before the swap leaves the old index answering (the
 new segments are orphans that `lshdist gc` removes); a kill after it leaves the new index
 answering (the old segments are the orphans).
-
-What changes for queries: an exact scan (``--mode scan``) returns the same results before and
-after.  A hashed search takes W entries per list *per segment* and keeps H candidates per
-segment, so fewer, larger segments gather fewer candidates per query; its results are those of a
-fresh build with the merged layout (tested bit for bit), not those of the small segments.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from lshdist.errors import InputError
 from lshdist.store.index import (
     index_lock,
     new_segment_name,
+    pack_segments,
     read_manifest,
     segment_path,
     write_manifest,
@@ -48,7 +54,8 @@ def compaction_groups(entries: Sequence[dict[str, Any]], *, min_segments: int,
 
     A segment is small below ``segment_rows`` rows.  Nothing is merged while fewer than
     ``min_segments`` are small; otherwise the small segments, in manifest order, are cut into
-    groups of at most ``segment_rows`` rows, and every group of two or more is merged.
+    groups of at most ``segment_rows`` rows (and of one number of lists: segments sized by
+    --epsilon may differ), and every group of two or more is merged.
     """
     if min_segments < 1 or segment_rows < 1:
         raise InputError(f"min_segments={min_segments}, segment_rows={segment_rows}: both must "
@@ -61,7 +68,8 @@ def compaction_groups(entries: Sequence[dict[str, Any]], *, min_segments: int,
     rows = 0
     for i in small:
         r = int(entries[i]["rows"])
-        if cur and rows + r > segment_rows:
+        if cur and (rows + r > segment_rows
+                    or entries[i].get("permutations") != entries[cur[0]].get("permutations")):
             groups.append(cur)
             cur, rows = [], 0
         cur.append(i)
@@ -79,19 +87,22 @@ class CompactPlan:
     segment_rows: int
     groups: list[list[int]]
     segments: int  # segments in the index when planned
+    refit: bool = False  # re-fit the lists (answers change) instead of packing (identical)
 
 
-def plan_compact(index: str, *, min_segments: int, segment_rows: int) -> CompactPlan:
+def plan_compact(index: str, *, min_segments: int, segment_rows: int,
+                 refit: bool = False) -> CompactPlan:
     """Check a compaction on the driver (no cluster): the index and what would be merged."""
     manifest = read_manifest(index)
-    if manifest.get("family"):
+    if refit and manifest.get("family"):
         raise InputError(f"index {index!r} answers hyperplane queries "
-                         f"({manifest['family'].get('name')}); compacting such an index is not "
-                         "built — rebuild it with larger --segment-rows instead")
+                         f"({manifest['family'].get('name')}); re-fitting such an index is not "
+                         "built — compact it without --refit (packing), or rebuild it with "
+                         "larger --segment-rows")
     groups = compaction_groups(manifest["segments"], min_segments=min_segments,
                                segment_rows=segment_rows)
     return CompactPlan(Path(index), min_segments, segment_rows, groups,
-                       len(manifest["segments"]))
+                       len(manifest["segments"]), refit)
 
 
 def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
@@ -133,9 +144,14 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
         if not groups:
             return {"before": len(entries), "after": len(entries), "merged": 0}
         names = [new_segment_name() for _ in groups]
-        futures = [client.submit(tasks.merge_segments, str(plan.index),
-                                 [entries[i] for i in g], manifest, name, pure=False, retries=2)
-                   for g, name in zip(groups, names)]
+        if plan.refit:
+            futures = [client.submit(tasks.merge_segments, str(plan.index),
+                                     [entries[i] for i in g], manifest, name, pure=False,
+                                     retries=2) for g, name in zip(groups, names)]
+        else:  # file copies: one task per new segment, no arrays through the scheduler
+            futures = [client.submit(pack_segments, str(plan.index), [entries[i] for i in g],
+                                     name, pure=False, retries=0)
+                       for g, name in zip(groups, names)]
         try:
             for _ in _progress(futures, "compact", stall):
                 pass
@@ -146,7 +162,7 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
                            if i in first or i not in gone]
             if sum(e["rows"] for e in new_entries) != manifest["rows"]:
                 raise InputError("compaction lost rows; the index is unchanged")
-            op = _recalibrated(client, plan, manifest, new_entries, stall)
+            op = _recalibrated(client, plan, manifest, new_entries, stall) if plan.refit else {}
             write_manifest(plan.index, {**manifest, **op, "segments": new_entries})  # the swap
         except BaseException:
             client.cancel(futures)

@@ -36,7 +36,7 @@ from lshdist.errors import InputError
 from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
 from lshdist.index.calibrate import Calibration, Point
 from lshdist.index.hyperplane import encode_hyperplanes, encode_points, search_hyperplanes
-from lshdist.index.permutation import PermutationIndex
+from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.searcher import permutation_seed
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_output, os_error
@@ -85,10 +85,15 @@ def encode_chunk(source: str | np.ndarray, start: int, stop: int, ids: np.ndarra
     return codes, payload, qids
 
 
-def search_segment(segment: PermutationIndex, encoded: tasks.Encoded, k: int, mode: str,
-                   op: tuple[int, int, int] | None) -> tasks.Partial:
+def search_segment(segment: PermutationIndex | PackedSegment, encoded: tasks.Encoded, k: int,
+                   mode: str, op: tuple[int, int, int] | None) -> tasks.Partial:
     """Partial top-k of one chunk of normals against one segment at ``op`` = (M, W, H)
-    (M = 0: the segment's own lists)."""
+    (M = 0: the segment's own lists); a packed segment's parts are searched as the segments
+    they were and merged by (margin, id)."""
+    if isinstance(segment, PackedSegment):
+        each = [search_segment(p, encoded, k, mode, op) for p in segment.parts]
+        dist, ids = merge_topk([e[0] for e in each], [e[1] for e in each], k)
+        return dist, ids, np.sum([e[2] for e in each], axis=0)
     codes, payload, _ = encoded
     m, w, h = op if op is not None else (0, None, None)
     dist, ids, stats = search_hyperplanes(

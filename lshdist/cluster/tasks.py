@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,10 +9,10 @@ import numpy as np
 
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
-from lshdist.index.permutation import PermutationIndex
+from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
-from lshdist.store.index import read_segment, write_segment
+from lshdist.store.index import contiguous_span, read_segment, write_segment
 from lshdist.store.results import write_part
 
 if TYPE_CHECKING:
@@ -86,8 +85,13 @@ def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
 
 
 def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
-                 ) -> PermutationIndex:
+                 ) -> PermutationIndex | PackedSegment:
     return read_segment(index_dir, entry, manifest)
+
+
+def parts_of(segment: PermutationIndex | PackedSegment) -> list[PermutationIndex]:
+    """The stored segments a loaded segment is made of (itself, or a packed one's parts)."""
+    return segment.parts if isinstance(segment, PackedSegment) else [segment]
 
 
 def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
@@ -97,7 +101,7 @@ def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily)
     return codes, payload, ds.ids()[start:stop]
 
 
-def search_segment(segment: PermutationIndex, encoded: Encoded, k: int, mode: str,
+def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,
                    op: tuple[int, int, int] | None = None) -> Partial:
     """Partial top-k of one query chunk against one segment (hashed at operating point
     ``op`` = (M, W, H), default the segment's own, or by exact scan)."""
@@ -110,21 +114,10 @@ def search_segment(segment: PermutationIndex, encoded: Encoded, k: int, mode: st
     return dist, ids, stats["reranked"]
 
 
-def merge_topk(parts: Sequence[Partial], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Global top-k from per-segment top-k lists: ascending distance, ties by id."""
-    dist = np.concatenate([p[0] for p in parts], axis=1)
-    ids = np.concatenate([p[1] for p in parts], axis=1)
-    key_missing = ids < 0
-    dist = np.where(key_missing, np.inf, dist)
-    order = np.lexsort((np.where(key_missing, np.iinfo(np.int64).max, ids), dist), axis=1)[:, :k]
-    return (np.take_along_axis(dist, order, 1).astype(np.float32),
-            np.take_along_axis(ids, order, 1))
-
-
 def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir: str,
                     chunk: int) -> int:
     """Merge the partial lists of one query chunk and write its Parquet parts; returns Q."""
-    dist, ids = merge_topk(parts, k)
+    dist, ids = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
     cand = np.sum([p[2] for p in parts], axis=0)
     return write_part(out_dir, chunk, encoded[2], dist, ids, cand)
 
@@ -139,7 +132,7 @@ def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str
     from lshdist.index.payload import DensePayload
 
     old = Calibration.from_json(manifest["calibration"])
-    seg = read_segment(index_dir, entry, manifest)
+    seg = max(parts_of(read_segment(index_dir, entry, manifest)), key=len)
     if not isinstance(seg.payload_, DensePayload):
         return None
     qrows = sample_rows(len(seg), SAMPLE_QUERIES, int(manifest["seed"]))
@@ -162,7 +155,7 @@ def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: 
     The lists are re-fitted from the stored keys and re-rank payloads, concatenated in the
     order of ``entries``, with the index's permutation seed: the segment is the one a fresh
     build of those rows in that order writes (the same keys, lists, payload and ids)."""
-    segs = [read_segment(index_dir, e, manifest) for e in entries]
+    segs = [p for e in entries for p in parts_of(read_segment(index_dir, e, manifest))]
     codes = np.concatenate([s.codes_ for s in segs])
     ids = np.concatenate([s.ids_ for s in segs])
     arrays = [s.payload_.arrays() for s in segs]
@@ -183,10 +176,5 @@ def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: 
                              seed=permutation_seed(manifest["seed"]))
     index.fit(codes, manifest["bits"], payload, ids)
     entry = write_segment(index_dir, name, index)
-    sources = {e.get("source") for e in entries}
-    spans = [(e.get("start"), e.get("stop")) for e in entries]
-    if (len(sources) == 1 and None not in sources
-            and all(isinstance(a, int) and isinstance(b, int) for a, b in spans)
-            and all(x[1] == y[0] for x, y in itertools.pairwise(spans))):
-        entry.update(source=entries[0]["source"], start=spans[0][0], stop=spans[-1][1])
+    entry.update(contiguous_span(list(entries)))
     return entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -335,3 +336,43 @@ class PermutationIndex:
         offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(H))
         dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
         return dist, top, distinct, np.diff(offsets)
+
+
+def merge_topk(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Global top-k from partial top-k lists (one per segment or part, each (Q, k_i)):
+    ascending distance, ties by id, missing entries (id -1) last.  The top-k of a union is the
+    top-k of its parts' top-k lists, so the result is the same however the rows were split."""
+    dist = np.concatenate(list(dists), axis=1)
+    idc = np.concatenate(list(ids), axis=1)
+    missing = idc < 0
+    dist = np.where(missing, np.inf, dist)
+    order = np.lexsort((np.where(missing, np.iinfo(np.int64).max, idc), dist), axis=1)[:, :k]
+    return (np.take_along_axis(dist, order, 1).astype(np.float32),
+            np.take_along_axis(idc, order, 1))
+
+
+class PackedSegment:
+    """Segments packed into one by ``lshdist compact`` (the default, answer-preserving way):
+    each part is the segment it was — its own lists, window, Hamming cut and re-rank — and the
+    answers are merged by (distance, id), exactly as separate segments' answers are merged.
+    A query therefore gets the same answer before and after the packing, with one segment to
+    load and one task per query chunk instead of one per part."""
+
+    def __init__(self, parts: Sequence[PermutationIndex]):
+        if not parts:
+            raise InputError("a packed segment needs at least one part")
+        ms = {p.n_permutations_ for p in parts}
+        if len(ms) != 1:
+            raise InputError(f"the parts of a packed segment have {sorted(ms)} lists; pack only "
+                             "segments with the same number of lists")
+        self.parts = list(parts)
+        self.n_permutations_ = parts[0].n_permutations_
+        self.bits_ = parts[0].bits_
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def ids_(self) -> np.ndarray:
+        return np.concatenate([p.ids_ for p in self.parts])

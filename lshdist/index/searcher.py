@@ -14,7 +14,7 @@ from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
 from lshdist.index.params import resolve_permutations
 from lshdist.index.payload import make_payload
-from lshdist.index.permutation import PermutationIndex
+from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.scan import scan_topk
 from lshdist.metric.learned import ImplicitMetric
 
@@ -44,16 +44,23 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     return codes, payload
 
 
-def answer(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int, *,
-           mode: str, bulk: bool = True, n_threads: int = 1,
+def answer(index: PermutationIndex | PackedSegment, qcodes: np.ndarray,
+           qpayload: RerankPayload, k: int, *, mode: str, bulk: bool = True, n_threads: int = 1,
            n_permutations: int | None = None, window: int | None = None,
            hamming_keep: int | None = None
            ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Top-k of encoded queries against one fitted `PermutationIndex`, hashed or by exact scan:
+    """Top-k of encoded queries against one fitted `PermutationIndex` (or every part of a
+    `PackedSegment`, merged by distance and id), hashed or by exact scan:
     ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
     distances computed per query.  ``n_permutations``/``window``/``hamming_keep``: the
     operating point of a hashed search (default: the index's).  The one place the modes are
     dispatched."""
+    if isinstance(index, PackedSegment):
+        each = [answer(p, qcodes, qpayload, k, mode=mode, bulk=bulk, n_threads=n_threads,
+                       n_permutations=n_permutations, window=window, hamming_keep=hamming_keep)
+                for p in index.parts]
+        dist, ids = merge_topk([f[0] for f in each], [f[1] for f in each], k)
+        return dist, ids, {key: np.sum([f[2][key] for f in each], axis=0) for key in each[0][2]}
     if mode == "scan":
         dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}

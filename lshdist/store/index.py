@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from lshdist.errors import FormatError, InputError
 from lshdist.index.calibrate import Calibration
 from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
-from lshdist.index.permutation import PermutationIndex
+from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
 from lshdist.store.model import array_checksum, zarr_array
 
@@ -95,6 +96,8 @@ _ENTRY_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "checksum": (_STR, "a sha256 hex digest"),
 }
 _ENTRY_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    # a packed (compacted) segment: its parts, each a segment as it was stored
+    "parts": ((list,), "a list of parts {rows, permutations, checksum}"),
     "source": (_STR, "a path"),
     "start": (_INT, "an integer >= 0"),
     "stop": (_INT, "an integer >= 0"),
@@ -153,12 +156,60 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
             "checksum": _segment_checksum(arrays)}
 
 
-def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
-                 manifest: dict[str, Any]) -> PermutationIndex:
-    """Load and verify one segment named by a manifest entry (see `read_manifest`).
+def part_dir(i: int) -> str:
+    """The directory of part ``i`` inside a packed segment."""
+    return f"part-{i:04d}"
 
-    The checksum is recomputed from the arrays loaded, then shapes and ranges are checked
-    (`lshdist.index.permutation.check_state`) before the index is returned.
+
+def packed_checksum(parts: list[dict[str, Any]]) -> str:
+    """A packed segment's checksum: over its parts' checksums, in order."""
+    return hashlib.sha256(json.dumps([p["checksum"] for p in parts]).encode()).hexdigest()
+
+
+def contiguous_span(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{source, start, stop}`` when ``entries`` are consecutive row ranges of one dataset
+    (the fields a merged or packed segment keeps), else ``{}``."""
+    sources = {e.get("source") for e in entries}
+    spans = [(e.get("start"), e.get("stop")) for e in entries]
+    if (len(sources) == 1 and None not in sources
+            and all(isinstance(a, int) and isinstance(b, int) for a, b in spans)
+            and all(x[1] == y[0] for x, y in itertools.pairwise(spans))):
+        return {"source": entries[0]["source"], "start": spans[0][0], "stop": spans[-1][1]}
+    return {}
+
+
+def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any]],
+                  name: str) -> dict[str, Any]:
+    """Pack stored segments (plain or packed) into one new segment ``name``, each as a part
+    copied file for file (the arrays, and so their checksums, unchanged); returns its manifest
+    entry.  Nothing names the new segment until the caller swaps the manifest: a kill leaves an
+    orphan for `remove_orphans`."""
+    dst = segment_path(index_dir, name)
+    dst.mkdir(parents=True)
+    parts: list[dict[str, Any]] = []
+    for e in entries:
+        src = segment_path(index_dir, e["name"])
+        subs = ([(src / part_dir(j), p) for j, p in enumerate(e["parts"])] if "parts" in e
+                else [(src, e)])
+        for path, p in subs:
+            shutil.copytree(path, dst / part_dir(len(parts)))
+            parts.append({k: p[k] for k in ("rows", "permutations", "checksum")})
+    if len({p["permutations"] for p in parts}) != 1:
+        raise InputError(f"segments with {sorted({p['permutations'] for p in parts})} lists "
+                         "cannot be packed into one")
+    return {"name": name, "rows": sum(p["rows"] for p in parts),
+            "permutations": parts[0]["permutations"], "checksum": packed_checksum(parts),
+            "parts": parts, **contiguous_span(entries)}
+
+
+def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
+                 manifest: dict[str, Any]) -> PermutationIndex | PackedSegment:
+    """Load and verify one segment named by a manifest entry (see `read_manifest`): a
+    `PermutationIndex`, or a `PackedSegment` of such parts for an entry with ``parts`` (a
+    compacted segment, `pack_segments`).
+
+    Every part's checksum is recomputed from the arrays loaded, then shapes and ranges are
+    checked (`lshdist.index.permutation.check_state`) before the index is returned.
 
     Raises
     ------
@@ -171,6 +222,17 @@ def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     where = f"segment {name!r} of index {str(index_dir)!r}"
     if not path.is_dir():
         raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
+    parts = entry.get("parts")
+    if parts is None:
+        return _read_group(path, entry, manifest, where, restore)
+    return PackedSegment([_read_group(path / part_dir(i), p, manifest, f"{where} (part {i})",
+                                      restore) for i, p in enumerate(parts)])
+
+
+def _read_group(path: Path, entry: dict[str, Any], manifest: dict[str, Any], where: str,
+                restore: str) -> PermutationIndex:
+    """One stored segment group at ``path`` checked against ``entry`` (rows, permutations,
+    checksum)."""
     try:
         g = zarr.open_group(str(path), mode="r", zarr_format=3)
         kind, bits = g.attrs["payload"], g.attrs["bits"]
@@ -341,12 +403,29 @@ def _check_manifest(meta: dict[str, Any], path: Path) -> None:
             raise FormatError(f"{w}: rows={entry['rows']!r}, permutations="
                               f"{entry['permutations']!r}, checksum={entry['checksum']!r}: "
                               f"expected integers >= 1 and a sha256 hex digest; {_REBUILD}")
+        if "parts" in entry:
+            _check_parts(entry, w)
         if meta["permutations"] is not None and entry["permutations"] != meta["permutations"]:
             raise FormatError(f"{w}: {entry['permutations']} permutations, the index has "
                               f"M={meta['permutations']}; {_REBUILD}")
         total += entry["rows"]
     if total != meta["rows"]:
         raise FormatError(f"{where}: rows={meta['rows']} but its segments hold {total}; "
+                          f"{_REBUILD}")
+
+
+def _check_parts(entry: dict[str, Any], where: str) -> None:
+    parts = entry["parts"]
+    ok = bool(parts) and all(
+        isinstance(p, dict) and set(p) == {"rows", "permutations", "checksum"}
+        and type(p["rows"]) is int and p["rows"] >= 1 and p["permutations"] == entry["permutations"]
+        and isinstance(p["checksum"], str) and _SHA256.fullmatch(p["checksum"]) for p in parts)
+    if not ok or sum(p["rows"] for p in parts) != entry["rows"]:
+        raise FormatError(f"{where}: parts={str(parts)[:80]!r} is not a list of parts "
+                          f"{{rows >= 1, permutations = {entry['permutations']}, checksum}} "
+                          f"holding its {entry['rows']} rows; {_REBUILD}")
+    if packed_checksum(parts) != entry["checksum"]:
+        raise FormatError(f"{where}: its checksum does not match its parts' checksums; "
                           f"{_REBUILD}")
 
 
@@ -570,12 +649,16 @@ def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.ndarray:
-    """The ids of one segment (int64), read alone (for the id-collision check of an append)."""
+    """The ids of one segment (int64; every part's, for a packed one), read alone (for the
+    id-collision check of an append)."""
     name = entry.get("name") if isinstance(entry, dict) else None
     path = segment_path(index_dir, name)
+    paths = ([path / part_dir(i) for i in range(len(entry["parts"]))] if "parts" in entry
+             else [path])
     try:
-        g = zarr.open_group(str(path), mode="r", zarr_format=3)
-        ids = np.asarray(zarr_array(g, "ids"), dtype=np.int64)
+        ids = np.concatenate([
+            np.asarray(zarr_array(zarr.open_group(str(p), mode="r", zarr_format=3), "ids"),
+                       dtype=np.int64) for p in paths])
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"segment {name!r} of index {str(index_dir)!r} is unreadable "
                           f"({type(exc).__name__}: {exc}); {_REBUILD}") from None

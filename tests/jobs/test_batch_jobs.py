@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-import zarr
 
 from lshdist.config import load_job_config
 from lshdist.errors import InputError
 from lshdist.jobs.batch import daily_append
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import write_dataset
-from lshdist.store.index import index_lock, list_orphans, read_manifest
+from lshdist.store.index import index_lock, list_orphans, read_manifest, segment_ids
 from lshdist.store.model import save_model
 from lshdist.store.results import read_results
 
@@ -67,8 +66,7 @@ def _daily(tmp: Path, **daily) -> Path:
 
 def _ids(index: Path) -> np.ndarray:
     m = read_manifest(index)
-    return np.sort(np.concatenate([zarr.open_group(str(index / "segments" / e["name"]),
-                                                   mode="r")["ids"][:] for e in m["segments"]]))
+    return np.sort(np.concatenate([segment_ids(index, e) for e in m["segments"]]))
 
 
 def test_build_and_query_scripts(work, tmp_path):

@@ -1,11 +1,13 @@
 """``lshdist compact``: an index of 20 small segments merged into 4.
 
-Checks: the exact scan answers identically before and after; the compacted index is, array for
-array, the index a fresh build with 500-row segments writes, and answers its hashed queries bit
-for bit; rows, ids and batch labels are kept; the old segments are gone and nothing is orphaned;
-below the threshold nothing changes; a held lock gives exit 2 naming the holder.  The SIGKILL
-drill (marked ``drills``) kills compactions at seeded moments: the index left answers as the old
-or the new one, and after ``lshdist gc`` nothing is orphaned.
+Checks: packed (the default), every query — hashed and exact — answers identically before and
+after, also after packing the packed segments again, and a damaged part is named; with
+``--refit`` the exact scan answers identically and the compacted index is, array for array, the
+index a fresh build with 500-row segments writes, answering its hashed queries bit for bit;
+rows, ids and batch labels are kept; the old segments are gone and nothing is orphaned; below
+the threshold nothing changes; a held lock gives exit 2 naming the holder.  The SIGKILL drill
+(marked ``drills``) kills compactions at seeded moments: the index left answers as before, and
+after ``lshdist gc`` nothing is orphaned.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 from lshdist.cli import main
 from lshdist.cluster.compact import compaction_groups
@@ -90,7 +91,58 @@ def test_groups_policy():
     assert compaction_groups(e, min_segments=6, segment_rows=500) == [[0, 1, 3], [4, 5]]
 
 
-def test_compact_20_segments(built, tmp_path):
+def _ids(index: Path, manifest) -> np.ndarray:
+    from lshdist.store.index import segment_ids
+
+    return np.sort(np.concatenate([segment_ids(index, e) for e in manifest["segments"]]))
+
+
+def test_compact_packs_20_segments_answers_unchanged(built, tmp_path, capsys):
+    root = built["root"]
+    idx = tmp_path / "idx"
+    shutil.copytree(root / "idx20", idx)
+    old = read_manifest(idx)
+    before = {m: _answers(built, idx, tmp_path / f"{m}0", m) for m in ("scan", "hash")}
+
+    assert main(["compact", str(idx), "--min-segments", "20", "--segment-rows", "500",
+                 *CLUSTER]) == 0
+    assert "packed: answers unchanged" in capsys.readouterr().out
+    new = verify_index(idx)
+    assert len(new["segments"]) == 4 and new["rows"] == N
+    assert [len(e["parts"]) for e in new["segments"]] == [5, 5, 5, 5]
+    # the parts are the old segments, in order (their checksums unchanged)
+    assert [p["checksum"] for e in new["segments"] for p in e["parts"]] == [
+        e["checksum"] for e in old["segments"]]
+    assert new["calibration"] == old["calibration"]
+    assert np.array_equal(_ids(idx, new), _ids(root / "idx20", old))
+    assert sorted(p.name for p in (idx / "segments").iterdir()) == sorted(
+        e["name"] for e in new["segments"])
+    assert list_orphans(idx) == []
+    for m in ("scan", "hash"):  # bit for bit, candidate counts included
+        assert _same(before[m], _answers(built, idx, tmp_path / f"{m}1", m),
+                     ("qid", "nb", "dist", "cand")), m
+
+    # packing packed segments again flattens their parts; still the same answers
+    assert main(["compact", str(idx), "--min-segments", "2", "--segment-rows", "1001",
+                 *CLUSTER]) == 0
+    again = verify_index(idx)
+    assert [len(e["parts"]) for e in again["segments"]] == [10, 10]
+    for m in ("scan", "hash"):
+        assert _same(before[m], _answers(built, idx, tmp_path / f"{m}2", m),
+                     ("qid", "nb", "dist", "cand")), m
+
+    # a damaged part is named when the segment is read
+    seg = idx / "segments" / again["segments"][1]["name"]
+    chunk = next(p for p in sorted((seg / "part-0003" / "ids").rglob("*"))
+                 if p.is_file() and p.name != "zarr.json")
+    chunk.unlink()
+    from lshdist.errors import FormatError
+
+    with pytest.raises(FormatError, match=r"part 3\)"):
+        verify_index(idx)
+
+
+def test_compact_refit_is_a_fresh_build(built, tmp_path):
     root = built["root"]
     idx = tmp_path / "idx"
     shutil.copytree(root / "idx20", idx)
@@ -99,8 +151,8 @@ def test_compact_20_segments(built, tmp_path):
     scan_before = _answers(built, idx, tmp_path / "s0", "scan")
     hash_before = _answers(built, idx, tmp_path / "h0", "hash")
 
-    assert main(["compact", str(idx), "--min-segments", "20", "--segment-rows", "500",
-                 *CLUSTER]) == 0
+    assert main(["compact", str(idx), "--refit", "--min-segments", "20", "--segment-rows",
+                 "500", *CLUSTER]) == 0
     new = verify_index(idx)
     ref = read_manifest(root / "ref500")
     assert len(new["segments"]) == 4 and new["rows"] == N
@@ -108,11 +160,7 @@ def test_compact_20_segments(built, tmp_path):
     assert [e["checksum"] for e in new["segments"]] == [e["checksum"] for e in ref["segments"]]
     assert [(e["start"], e["stop"]) for e in new["segments"]] == [
         (e["start"], e["stop"]) for e in ref["segments"]]
-    ids = np.concatenate([zarr.open_group(str(idx / "segments" / e["name"]), mode="r")["ids"][:]
-                          for e in new["segments"]])
-    assert np.array_equal(np.sort(ids), np.sort(np.concatenate([
-        zarr.open_group(str(root / "idx20" / "segments" / e["name"]), mode="r")["ids"][:]
-        for e in old["segments"]])))
+    assert np.array_equal(_ids(idx, new), _ids(root / "idx20", old))
     # old segments removed after the swap, nothing orphaned
     assert sorted(p.name for p in (idx / "segments").iterdir()) == sorted(
         e["name"] for e in new["segments"])
@@ -124,7 +172,7 @@ def test_compact_20_segments(built, tmp_path):
     assert _same(scan_before, scan_after, ("qid", "nb", "dist", "cand"))
     assert _same(hash_after, hash_ref, ("qid", "nb", "dist", "cand"))
     r0, r1 = _recall(hash_before, scan_before), _recall(hash_after, scan_after)
-    print(f"\nrecall@10 hashed vs scan: 20 segments {r0:.3f}, compacted to 4: {r1:.3f}")
+    print(f"\nrecall@10 hashed vs scan: 20 segments {r0:.3f}, re-fitted to 4: {r1:.3f}")
     # fewer segments gather fewer candidates per query at the same (M, W, H)
     assert hash_after["cand"].sum() < hash_before["cand"].sum()
 
@@ -157,8 +205,8 @@ def test_compact_waits_for_lock(built, tmp_path, capsys):
 def test_kill_compact(built, tmp_path, trial):
     """SIGKILL at a seeded moment (trial 3: at the first new segment; trial 4: as soon as the
     manifest is swapped, before the old segments are removed): the index
-    answers as the old (byte-identical manifest) or as the compacted one; gc leaves no
-    orphans and the next compaction completes."""
+    answers as before (the old, byte-identical manifest, or the packed one: the same answers);
+    gc leaves no orphans and the next compaction completes."""
     root = built["root"]
     idx = tmp_path / "idx"
     shutil.copytree(root / "idx20", idx)
@@ -178,7 +226,7 @@ def test_kill_compact(built, tmp_path, trial):
         os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=30)
     old = (idx / "index.json").read_bytes() == before
-    ref = root / ("idx20" if old else "ref500")
+    ref = root / "idx20"  # packing keeps every answer, old or new manifest
     print(f"\ncompact kill #{trial} (delay {delay:.2f}s, rc {p.returncode}): "
           f"{'old' if old else 'new'} index answering")
     assert _same(_answers(built, idx, tmp_path / "a", "hash"),
