@@ -4,8 +4,8 @@ Stages, all through the library (what ``lshdist run`` calls):
 
 * ingest: `lshdist.jobs.run.ingest_split` with the config's ``data:`` sections (reused when the
   work directory already holds them);
-* learn, once: `lshdist.jobs.learn.learn` with ``LearnConfig(constraints=2000, max_iter=20)``
-  (the config's ``learn:`` section), saved with `lshdist.store.model.save_model`;
+* learn, once: `lshdist.jobs.learn.learn` with the config's own ``learn:`` section (defaults
+  and metric selection), saved with `lshdist.store.model.save_model`;
 * a 2-worker LocalCluster from the config's ``cluster:`` section (`client_from_config`, start-up
   timed and reported apart);
 * per round: index = `plan_build` + `run_build`, queries = `plan_query` + `run_query` of all
@@ -42,7 +42,7 @@ def main():
     import faiss
 
     from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
-    from lshdist.config import LearnConfig, load_run_config
+    from lshdist.config import load_run_config
     from lshdist.evaluation import recall_at_k
     from lshdist.jobs.common import client_from_config
     from lshdist.jobs.learn import learn
@@ -55,8 +55,7 @@ def main():
     pinned = common.pin_threads(T)
     os.environ.setdefault("LSHDIST_DATA_DIR", str(common.data_dir()))
     cfg = dataclasses.replace(load_run_config(CONFIG), workdir=WORK)
-    learn_cfg = LearnConfig(constraints=2000, max_iter=20)
-    assert cfg.learn == learn_cfg, (cfg.learn, learn_cfg)
+    learn_cfg = cfg.learn  # the config's own learning section (defaults + metric selection)
     prepare_workdir(WORK, fresh=False)
     print(f"config {CONFIG.name}: index {cfg.index}, query {cfg.query}, cluster {cfg.cluster}; "
           f"threads {pinned}, load {common.loadavg()}", flush=True)
@@ -160,7 +159,8 @@ def main():
         row("FAISS IndexFlatL2, computing Gx first", s_x, f"{T} threads; Gx in build"),
     ]
     stages = [{"stage": "ingest (train + test, reused if present)", "s": t_ingest},
-              {"stage": "learn (ITML 2,000 pairs, 20 passes) + save model", "s": t_learn},
+              {"stage": "learn (the config's section, metric selection) + save model",
+               "s": t_learn},
               {"stage": "cluster start-up (2 workers, numba warm-up)", "s": t_cluster},
               {"stage": "cluster shut-down", "s": t_close},
               {"stage": "lshdist index (median)", "s": s_l["build s"]},

@@ -47,9 +47,10 @@ HNSW_EFS = [10, 12, 16, 20, 24, 32, 48, 64]
 
 #: profile rows from cProfile: (stage, function name, file suffix); `encode` split by caller
 PROFILE = [
-    ("build: encode database (hash 256 bits + payload)", "encode", "index/searcher.py"),
+    ("build: encode database (hash 512 bits + payload)", "encode", "index/searcher.py"),
     ("build: list build (PermutationIndex.fit)", "fit", "index/permutation.py"),
-    ("build: calibration (calibrate_index)", "calibrate_index", "index/searcher.py"),
+    ("query: calibration on 200 of the queries (calibrate_index)", "calibrate_index",
+     "index/searcher.py"),
     ("  calibration: exact scans (scan_topk: truth + timed scan)", "scan_topk", "index/scan.py"),
     ("query: encode queries", "encode", "index/searcher.py"),
     ("query: PermutationIndex.search", "search", "index/permutation.py"),
@@ -60,7 +61,8 @@ KERNELS = [
     ("lshdist.index.permutation", "window_candidates_merge", "candidates: window gather"),
     ("lshdist.index.permutation", "collect_candidates", "candidates: de-dup + Hamming cut"),
     ("lshdist.index.payload", "rerank_dense", "re-rank: exact distances + top-k"),
-    ("lshdist.index.calibrate", "candidate_recall", "calibration: recall grid"),
+    ("lshdist.index.calibrate", "candidate_hamming", "calibration: Hamming of the grid's entries"),
+    ("lshdist.index.calibrate", "candidate_recall_grid", "calibration: recall grid"),
 ]
 
 
@@ -142,13 +144,11 @@ def main():
 
     def lsh_job():
         ix, tb, tq, ids = lsh_run()
-        qcal = getattr(ix, "query_calibration_", None)  # the bulk query's own calibration
-        cal = qcal or ix.calibration_
+        # fit defers calibration; the bulk query calibrated on a sample of itself (inside tq)
+        cal = getattr(ix, "query_calibration_", None) or ix.calibration_
         p = cal.chosen
         return {"build s": tb, "query s": tq, "total s": tb + tq, "recall@10": rec(ids),
-                "calibration s": ix.calibration_.seconds,
-                "calibration / build": ix.calibration_.seconds / tb,
-                "query calibration s": qcal.seconds if qcal else 0.0,
+                "calibration s": cal.seconds, "calibration / total": cal.seconds / (tb + tq),
                 "mode": ix.last_mode_, "reason": cal.reason,
                 "setting": (f"M={p.permutations}, W={p.window}, H={p.hamming_keep}" if p
                             else "exact scan"),
@@ -238,7 +238,7 @@ def main():
                       "% of build + query": 100 * tb_p / t_prof})
     prof_rows.append({"stage": "query total", "calls": 1, "seconds": tq_p,
                       "% of build + query": 100 * tq_p / t_prof})
-    cal = ix.calibration_
+    cal = getattr(ix, "query_calibration_", None) or ix.calibration_
     print(common.md_table(prof_rows))
     st.sort_stats("cumulative")
     top = []
@@ -280,14 +280,12 @@ def main():
         {"item": "lshdist recall@10 >= 0.9", "measured": f"{s_l['recall@10']:.4f} (runs "
          + ", ".join(f"{r['recall@10']:.4f}" for r in lsh_all) + ")",
          "verdict": "met" if min(r["recall@10"] for r in lsh_all) >= TARGET else "MISSED"},
-        {"item": "(information) calibration / build",
-         "measured": f"{100 * statistics.median(r['calibration / build'] for r in lsh_all):.1f} %",
-         "verdict": "≤ 25 %" if statistics.median(
-             r["calibration / build"] for r in lsh_all) <= 0.25 else "> 25 %"},
+        {"item": "(information) calibration (on the queries, in the query time) / total",
+         "measured": f"{100 * statistics.median(r['calibration / total'] for r in lsh_all):.1f} %",
+         "verdict": "–"},
     ]
     lsh_rows = [{"run": i + 1, "build s": r["build s"], "calibration s": r["calibration s"],
-                 "calibration / build": r["calibration / build"], "query s": r["query s"],
-                 "query calibration s": r["query calibration s"],
+                 "calibration / total": r["calibration / total"], "query s": r["query s"],
                  "total s": r["total s"], "setting": r["setting"], "mode": r["mode"],
                  "recall@10": r["recall@10"], "% searched": r["% searched"],
                  "load": r.get("load")} for i, r in enumerate(lsh_all)]

@@ -104,19 +104,18 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                          calibration_k=recall_k or kmax).fit(X_train,
                                                              n_threads=settings.n_threads)
         t_build = time.perf_counter() - t0
-        cal = ix.calibration_
-        if settings.target_recall is not None and settings.calibration_queries is None:
-            # a batch of queries known in advance: calibrate on a sample of them (what
-            # MetricIndex.query(mode="auto") does for a large query set)
-            cal = ix.calibrate_for(X_test)
+        on_queries = settings.target_recall is not None and settings.calibration_queries is None
+        # a batch of queries known in advance: calibrate on a sample of them (what
+        # MetricIndex.query(mode="auto") does for a large query set); else on the rows given
+        cal = ix.calibrate_for(X_test) if on_queries else ix.calibration_
         t0 = time.perf_counter()
         _, scan_ids = ix.query(X_test, kmax, mode="scan", n_threads=settings.n_threads)
         t_scan = time.perf_counter() - t0
         t0 = time.perf_counter()
         _, hash_ids = ix.query(X_test, kmax, mode="hash", n_threads=settings.n_threads)
         t_hash = time.perf_counter() - t0
-        if cal is not None and cal is not ix.calibration_:
-            t_hash += cal.seconds  # calibrating on the queries is part of the hashed answer
+        if cal is not None:
+            t_hash += cal.seconds  # calibrating is part of the hashed answer (fit defers it)
         stats = ix.stats_
         auto = ix.mode_  # what mode="auto" answers with
         log.info("%s: build %.2fs, scan %.2fs, hash %.2fs; auto: %s%s", name, t_build, t_scan,
@@ -147,9 +146,10 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                     "auto_mode": auto,
                     "auto_seconds": float(t_hash if auto == "hash" else t_scan),
                     "calibration_seconds": float(cal.seconds) if cal else 0.0,
-                    "calibrated_on": ("database rows" if cal is ix.calibration_
-                                      and settings.calibration_queries is None
-                                      else "queries") if cal else None,
+                    "calibrated_on": ("the test queries" if on_queries
+                                      else "calibration queries"
+                                      if settings.calibration_queries is not None
+                                      else "database rows") if cal else None,
                     "calibration": cal.reason if cal else None,
                 }
                 records.append(rec)

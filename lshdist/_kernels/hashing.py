@@ -62,14 +62,20 @@ def gaussian_rows(seed, features, bits):
 
 @njit(cache=True, nogil=True)
 def pack_signs(P):
-    """``[P >= 0]`` packed into uint64 words: (n, b) float -> (n, ceil(b/64)) uint64."""
+    """``[P >= 0]`` packed into uint64 words: (n, b) float -> (n, ceil(b/64)) uint64 (bit i
+    of a key is bit ``63 - i % 64`` of word ``i // 64``; a last partial word is left-aligned).
+    Each word is built in a register, one shift and one comparison per bit."""
     n, b = P.shape
     w = (b + 63) // 64
     out = np.zeros((n, w), dtype=np.uint64)
     for r in range(n):
-        for i in range(b):
-            if P[r, i] >= 0:
-                out[r, i >> 6] |= _ONE << np.uint64(63 - (i & 63))
+        for j in range(w):
+            lo = j * 64
+            hi = min(lo + 64, b)
+            v = np.uint64(0)
+            for i in range(lo, hi):
+                v = (v << _ONE) | np.uint64(P[r, i] >= 0)
+            out[r, j] = v << np.uint64(64 - (hi - lo)) if hi - lo < 64 else v
     return out
 
 

@@ -21,12 +21,13 @@ def _fill_window(out, q, m, W, pos, sorted_rows_m):
 def window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W):
     """Per-query binary search: the W entries on each side of every query in every list.
 
-    sorted_prefix : uint64 (M, N); sorted_rows : int64 (M, N); qprefix : uint64 (M, Q)
-    Returns int64 (Q, M*2W), -1 where a window runs past an end of a list.
+    sorted_prefix : uint64 (M, N); sorted_rows : int32 or int64 (M, N); qprefix : uint64 (M, Q)
+    Returns (Q, M*2W) of sorted_rows' dtype (int32 for any segment below 2**31 rows: half the
+    bytes written and read again), -1 where a window runs past an end of a list.
     """
     M = sorted_prefix.shape[0]
     Q = qprefix.shape[1]
-    out = np.full((Q, M * 2 * W), -1, dtype=np.int64)
+    out = np.full((Q, M * 2 * W), -1, dtype=sorted_rows.dtype)
     for q in range(Q):
         for m in range(M):
             pos = np.searchsorted(sorted_prefix[m], qprefix[m, q])  # side='left'
@@ -42,7 +43,7 @@ def window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W):
     """
     M, N = sorted_prefix.shape
     Q = qprefix.shape[1]
-    out = np.full((Q, M * 2 * W), -1, dtype=np.int64)
+    out = np.full((Q, M * 2 * W), -1, dtype=sorted_rows.dtype)
     for m in range(M):
         ptr = 0
         lst = sorted_prefix[m]

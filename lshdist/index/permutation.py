@@ -237,8 +237,9 @@ class PermutationIndex:
 
     def candidates(self, qcodes: np.ndarray, *, bulk: bool = True,
                    n_permutations: int | None = None, window: int | None = None) -> np.ndarray:
-        """Raw window candidates, int64 (Q, 2 M W) rows, -1 past a list's ends: per list, the
-        W entries left of the query's position, then the W from it on.
+        """Raw window candidates (Q, 2 M W) rows (int32 below 2**31 rows, else int64), -1 past
+        a list's ends: per list, the W entries left of the query's position, then the W from
+        it on.
 
         ``bulk`` uses the sort-merge join; otherwise one binary search per query and list.
         Both return the same array.  ``n_permutations`` (M' <= M: the first M' lists) and

@@ -142,9 +142,11 @@ class MetricIndex:
         ``SAMPLE_QUERIES / Q`` of a scan), so that the operating point fits the queries
         actually asked — a database's own rows can be easier queries than the real ones
 
-    After ``fit`` with a target: ``calibration_`` (`Calibration`), and ``query(mode="auto")``
-    answers with the chosen operating point, or by the exact scan where it is no slower; after
-    a re-calibrated query, ``query_calibration_`` holds the curve it used.
+    With a target, calibration happens when first needed, not in ``fit``: a bulk
+    ``query(mode="auto")`` calibrates on a sample of its own queries (``query_calibration_``);
+    any other query, or reading ``calibration_`` or ``mode_``, calibrates on the database's rows
+    (or ``calibration_queries``) once.  ``query(mode="auto")`` answers at the chosen operating
+    point, or by the exact scan where it is no slower.
     """
 
     def __init__(self, metric: Metric, *, bits: int = 512, n_permutations: int | None = None,
@@ -180,27 +182,53 @@ class MetricIndex:
             hamming_keep=0 if self.hamming_keep is None else self.hamming_keep,
             seed=permutation_seed(self.seed),
         ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
-        self.calibration_: Calibration | None = None
-        self.mode_ = "hash"
         self.fixed_: dict[str, int | None] = {
             "permutations": lists if (self.n_permutations or self.epsilon) else None,
             "window": self.window, "hamming_keep": self.hamming_keep}
-        if self.target_recall is not None:
-            cal = calibrate_index(self.index_, self.metric, self.family_, X,
+        # calibration is deferred to when it is first needed: a bulk query calibrates on a
+        # sample of itself, which makes one on the database's rows wasted work
+        self._calibration: Calibration | None = None
+        self._query_calibrated = False
+        self._rows = X if self.target_recall is not None else None
+        self._mode = "hash"
+        return self
+
+    @property
+    def calibration_(self) -> Calibration | None:
+        """The calibration on the database's own rows (leave-one-out) or on
+        ``calibration_queries``; computed on first use (None without a target)."""
+        self._check_fitted()
+        if self.target_recall is not None and self._calibration is None:
+            cal = calibrate_index(self.index_, self.metric, self.family_, self._rows,
                                   k=self.calibration_k, target=self.target_recall,
                                   seed=self.seed, fixed=self.fixed_,
                                   queries=self.calibration_queries)
-            self.calibration_ = cal
-            ref = cal.chosen
-            if ref is None and "timed" in cal.extra:  # the scan was chosen: mode="hash" still
-                ref = Point(**cal.extra["timed"])     # searches at the best point measured
-            self.set_operating_point(cal.mode, ref)
+            self._calibration = cal
             log.info("calibration (%.1fs): %s — %s", cal.seconds, cal.mode, cal.reason)
-        return self
+            if not self._query_calibrated:  # a calibration on real queries takes precedence
+                self._use(cal)
+        return self._calibration
+
+    @property
+    def mode_(self) -> str:
+        """What ``query(mode="auto")`` answers with (calibrating first where needed)."""
+        if self.target_recall is not None and not self._query_calibrated:
+            self.calibration_  # noqa: B018  (computes it on first use)
+        return self._mode
+
+    def _use(self, cal: Calibration) -> None:
+        ref = cal.chosen
+        if ref is None and "timed" in cal.extra:  # the scan was chosen: mode="hash" still
+            ref = Point(**cal.extra["timed"])     # searches at the best point measured
+        self.set_operating_point(cal.mode, ref)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "index_"):
+            raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
 
     def set_operating_point(self, mode: str, point: Point | None) -> None:
         """Answer ``mode="auto"`` queries with ``mode`` at ``point`` (M, W, H)."""
-        self.mode_ = mode
+        self._mode = mode
         if point is not None:
             self.index_.window = point.window
             self.index_.hamming_keep = point.hamming_keep
@@ -211,8 +239,7 @@ class MetricIndex:
         """``(distances, ids)``, each (Q, k), ascending.  ``mode``: ``"hash"``, ``"scan"``, or
         ``"auto"`` (the calibrated choice; hashed without calibration).  ``self.stats_`` holds
         per-query candidate counts of the last hashed query; ``self.last_mode_`` the mode used."""
-        if not hasattr(self, "index_"):
-            raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
+        self._check_fitted()
         if mode not in (*MODES, "auto"):
             raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
         if mode == "auto":
@@ -220,6 +247,8 @@ class MetricIndex:
                     and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
                 self.calibrate_for(Xq)
             mode = self.mode_
+        elif mode == "hash":
+            self.mode_  # noqa: B018  (the calibrated operating point, computed on first use)
         self.last_mode_ = mode
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
         dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
@@ -233,18 +262,15 @@ class MetricIndex:
         """Calibrate again on a sample of the queries ``Xq`` (the parameters given at
         construction kept) and answer later ``auto`` and ``hash`` queries at the point chosen;
         the curve is kept in ``query_calibration_``."""
-        if not hasattr(self, "index_"):
-            raise NotFittedError("this MetricIndex is not fitted; call fit(X) first")
+        self._check_fitted()
         if self.target_recall is None:
             raise InputError("calibrate_for needs a target_recall")
         cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
                               k=self.calibration_k, target=self.target_recall, seed=self.seed,
                               fixed=self.fixed_, queries=Xq)
         self.query_calibration_ = cal
-        ref = cal.chosen
-        if ref is None and "timed" in cal.extra:
-            ref = Point(**cal.extra["timed"])
-        self.set_operating_point(cal.mode, ref)
+        self._query_calibrated = True
+        self._use(cal)
         log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
                  n_rows(as_block(Xq)), cal.seconds, cal.mode, cal.reason)
         return cal

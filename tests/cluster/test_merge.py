@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lshdist.cluster.tasks import merge_topk
 from lshdist.index import MetricIndex
+from lshdist.index.permutation import merge_topk
 from lshdist.metric.learned import ExplicitMetric
 
 
@@ -42,7 +42,7 @@ def test_merge_of_segment_topk_equals_global_topk(seed, n, n_segments, k):
                          window=len(rows), seed=seed).fit(X[rows], ids=ids[rows])
         d, i = ix.query(Q, k)
         parts.append((d, i, ix.stats_["reranked"]))
-    dist, got = merge_topk(parts, k)
+    dist, got = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
     ed, ei = lexsort_topk(X, Q, ids, k)
     assert np.array_equal(got, ei) and np.array_equal(dist, ed)
     assert dist.dtype == np.float32 and got.dtype == np.int64

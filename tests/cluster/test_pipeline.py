@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from lshdist.cli import main
 from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index, query_index
-from lshdist.cluster.tasks import merge_topk
 from lshdist.config import IndexConfig, QueryConfig
 from lshdist.index import MetricIndex
+from lshdist.index.permutation import merge_topk
 from lshdist.metric.learned import sq_euclidean
 from lshdist.store.model import load_model
 
@@ -218,7 +218,8 @@ def test_merge_of_partial_topk_equals_global_topk(n, parts, k, seed):
         return (np.pad(d, ((0, 0), (0, pad)), constant_values=np.inf),
                 np.pad(i, ((0, 0), (0, pad)), constant_values=-1))
 
-    merged = merge_topk([topk(c) for c in splits if len(c)], k)
+    tops = [topk(c) for c in splits if len(c)]
+    merged = merge_topk([t[0] for t in tops], [t[1] for t in tops], k)
     expect = topk(np.arange(n))
     assert np.array_equal(merged[1], expect[1]) and np.array_equal(merged[0], expect[0])
 

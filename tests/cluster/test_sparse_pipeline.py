@@ -6,9 +6,9 @@ import scipy.sparse as sp
 
 from lshdist.cluster.client import dask_client
 from lshdist.cluster.pipeline import build_index, query_index
-from lshdist.cluster.tasks import merge_topk
 from lshdist.config import IndexConfig, QueryConfig
 from lshdist.index import MetricIndex
+from lshdist.index.permutation import merge_topk
 from lshdist.metric.itml import KernelITML
 from lshdist.store.dataset import write_dataset
 from lshdist.store.model import load_model, save_model
@@ -55,7 +55,7 @@ def test_sparse_implicit_pipeline_equals_one_process_per_segment(tmp_path):
                          seed=0).fit(X[a:b], ids=ids[a:b])
         d, i = ix.query(Xq, 5, mode="hash")
         parts.append((d, i, None))
-    d_ref, i_ref = merge_topk(parts, 5)
+    d_ref, i_ref = merge_topk([p[0] for p in parts], [p[1] for p in parts], 5)
     assert np.array_equal(nb, i_ref)
     assert np.allclose(dist, d_ref, rtol=1e-6, atol=1e-7)
     assert (nb >= 0).all() and set(np.unique(nb)) <= set(ids.tolist())

@@ -5,7 +5,15 @@ import pytest
 
 from lshdist._kernels.search import candidate_hamming, candidate_recall_grid, collect_candidates
 from lshdist.errors import InputError
-from lshdist.index.calibrate import Calibration, Point, calibrate, choose_point, decide_mode
+from lshdist.index.calibrate import (
+    SAMPLE_QUERIES,
+    Calibration,
+    Point,
+    calibrate,
+    choose_point,
+    decide_mode,
+    recall_margin,
+)
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import MetricIndex, encode
 from lshdist.metric.learned import ExplicitMetric
@@ -151,3 +159,44 @@ def test_calibration_queries_correct_a_database_of_near_copies():
                                         calibration_queries=sample).fit(db))
     assert est_loo - got_loo > 0.05  # the bias this option exists for
     assert abs(est_q - got_q) < 0.04 and got_q >= 0.85
+
+
+def test_bulk_query_calibrates_on_itself_and_fit_defers_calibration():
+    """The same database of near-copies, no calibration_queries: a bulk ``query(mode="auto")``
+    (>= RECALIBRATE_QUERIES rows) calibrates on a sample of its own rows and meets the target on
+    them, where the leave-one-out point misses it; ``fit`` calibrates nothing until needed.
+    Bug caught: a bulk query answered at the database-rows point (recall ~0.8 here)."""
+    from lshdist.index.searcher import RECALIBRATE_QUERIES
+
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(1000, 16)).astype(np.float32)
+    db = np.concatenate([base] + [base + rng.normal(scale=0.02, size=base.shape)
+                                  .astype(np.float32) for _ in range(4)])
+    real = rng.normal(size=(RECALIBRATE_QUERIES, 16)).astype(np.float32)
+    metric = ExplicitMetric.identity(16, center=db.mean(0))
+    ix = MetricIndex(metric, bits=64, target_recall=0.9, seed=1).fit(db)
+    assert ix._calibration is None  # deferred
+    ix.query(real, 10)  # auto, bulk: calibrated on a sample of `real`
+    assert ix._calibration is None and ix.query_calibration_.n_queries == SAMPLE_QUERIES
+    auto_mode = ix.last_mode_
+    _, exact = ix.query(real, 10, mode="scan")
+    _, hashed = ix.query(real, 10, mode="hash")  # at the point calibrated on the queries
+    assert ix._calibration is None  # "hash" kept the queries' point, no other calibration
+    got = np.mean([len(np.intersect1d(a, b)) / 10 for a, b in zip(hashed, exact)])
+    assert got >= 0.88, got
+    # the database-rows point, asked for explicitly, overestimates these queries
+    loo = MetricIndex(metric, bits=64, target_recall=0.9, seed=1, recalibrate=False).fit(db)
+    _, f2 = loo.query(real, 10, mode="hash")
+    got_loo = np.mean([len(np.intersect1d(a, b)) / 10 for a, b in zip(f2, exact)])
+    print(f"\nbulk auto: {auto_mode}; hashed at the queries' point {got:.3f}, at the "
+          f"database-rows point {got_loo:.3f}")
+    assert loo.calibration_ is not None and got_loo < got - 0.03, (got_loo, got)
+
+
+def test_choose_point_margin():
+    pts = [_pt(8, 1, 20, 0.903), _pt(16, 2, 40, 0.95)]
+    assert choose_point(pts, 0.9, 10.0).recall == 0.903
+    m = recall_margin(0.9, 200, 10)
+    assert 0.006 < m < 0.007
+    assert choose_point(pts, 0.9, 10.0, m).recall == 0.95  # 0.903 is within one error
+    assert choose_point(pts, 0.99, 10.0, m) is None
