@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
 from lshdist.index.calibrate import Calibration, Point
 from lshdist.index.params import resolve_permutations
-from lshdist.index.searcher import MODES, calibrated_lists
+from lshdist.index.searcher import MODES, RECALIBRATE_QUERIES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
 from lshdist.store.dataset import Dataset
@@ -377,6 +377,7 @@ class QueryPlan:
     mode: str = "hash"  # the mode the search runs in ("auto" resolved)
     op: tuple[int, int, int] | None = None  # (M, W, H) of a hashed search
     reason: str = ""
+    recalibrate: bool = False  # calibrate again on a sample of the queries first
 
 
 def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
@@ -404,8 +405,23 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
         log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
                     "neighbours", cfg.k, manifest["rows"], manifest["rows"])
     mode, op, reason = operating_point(manifest, cfg, where=f"index {index!r}")
-    log.info("query mode %s: %s", mode, reason)
-    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode, op, reason)
+    recal = _recalibrates(manifest, cfg, qds)
+    log.info("query mode %s: %s%s", mode, reason,
+             "; to be calibrated again on a sample of these queries" if recal else "")
+    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode, op, reason,
+                     recal)
+
+
+def _recalibrates(manifest: dict[str, Any], cfg: QueryConfig, qds: Dataset) -> bool:
+    """A bulk ``--mode auto`` query (at least `RECALIBRATE_QUERIES` rows) of an index
+    calibrated on other rows (its own, or another query sample) is calibrated again on a
+    sample of its own queries before it runs, as `MetricIndex.query` does: a database's own
+    rows can be easier queries than the real ones."""
+    raw = manifest.get("calibration")
+    if cfg.mode != "auto" or raw is None or qds.n < RECALIBRATE_QUERIES:
+        return False
+    sampled = (raw.get("extra") or {}).get("queries")
+    return not (isinstance(sampled, str) and Path(sampled).resolve() == qds.path.resolve())
 
 
 def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
@@ -447,6 +463,8 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
                                 seed=manifest["seed"], learned=manifest["learned"])
     segs = [client.submit(tasks.load_segment, str(plan.index), e, manifest, pure=False,
                           retries=2) for e in manifest["segments"]]
+    if plan.recalibrate:
+        plan = _calibrated_on_queries(client, plan, segs[0], family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
     window = in_flight or 2 * n_workers
     chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
@@ -462,6 +480,29 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
         client.cancel([*segs, family_f])
     return {"queries": n, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
             "operating_point": plan.op}
+
+
+def _calibrated_on_queries(client: Any, plan: QueryPlan, seg0: Any, family_f: Any,
+                           stall: float) -> QueryPlan:
+    """The plan with the operating point of a calibration on a sample of its queries (against
+    the first segment, as a build calibrates; per-segment parameters from it)."""
+    old = Calibration.from_json(plan.manifest["calibration"])
+    target = plan.cfg.target_recall if plan.cfg.target_recall is not None else old.target
+    fixed = old.extra.get("fixed") or {}
+    f = client.submit(tasks.calibrate_on_queries, seg0, str(plan.queries.path), family_f,
+                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), pure=False,
+                      retries=2)
+    for _ in _progress([f], "calibrate", stall):
+        pass
+    cal = Calibration.from_json(f.result())
+    log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
+             plan.queries.n, cal.seconds, cal.mode, cal.reason)
+    if cal.chosen is None:
+        return replace(plan, mode="scan", op=None,
+                       reason=f"calibrated on the queries: {cal.reason}")
+    p = cal.chosen
+    return replace(plan, mode="hash", op=(p.permutations, p.window, p.hamming_keep),
+                   reason=f"calibrated on the queries: {cal.reason}")
 
 
 def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,

@@ -71,6 +71,26 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                           target=target, seed=seed, fixed=fixed, queries=queries)
     out = cal.to_json()
     out["extra"]["fixed"] = fixed  # what the user fixed: a re-calibration keeps it fixed
+    out["extra"]["queries"] = queries_path  # the rows sampled (None: the segment's own)
+    return out
+
+
+def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
+                         family: HashFamily, k: int, target: float,
+                         fixed: dict[str, int | None], seed: int) -> dict[str, Any]:
+    """Calibrate a loaded segment (its largest part, if packed) on a sample of the dataset
+    ``queries_path`` (a bulk query's own calibration); returns the calibration as JSON."""
+    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
+
+    part = max(parts_of(segment), key=len)
+    qds = Dataset(queries_path)
+    queries = qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed))
+    m = fixed.get("permutations")
+    fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
+    cal = calibrate_index(part, _metric(family), family, queries, k=min(k, len(part) - 1),
+                          target=target, seed=seed, fixed=fixed, queries=queries)
+    out = cal.to_json()
+    out["extra"].update(fixed=fixed, queries=queries_path)
     return out
 
 
