@@ -241,9 +241,11 @@ class PermutationIndex:
         a list's ends: per list, the W entries left of the query's position, then the W from
         it on.
 
-        ``bulk`` uses the sort-merge join; otherwise one binary search per query and list.
-        Both return the same array.  ``n_permutations`` (M' <= M: the first M' lists) and
-        ``window`` override the fitted values for this call (an operating point).
+        ``bulk`` uses the sort-merge join — unless the batch is so small that one binary search
+        per query and list reads less (``8 Q log2 N < N``: a merge walks every list whole);
+        ``bulk=False`` always searches.  Both return the same array.  ``n_permutations``
+        (M' <= M: the first M' lists) and ``window`` override the fitted values for this call
+        (an operating point).
         """
         self._fitted()
         qcodes = check_codes(qcodes, self.bits_, name="query codes")
@@ -253,7 +255,8 @@ class PermutationIndex:
         if W < 1:
             raise InputError(f"window={W}: W must be >= 1")
         sp, sr = self.sorted_prefix_[:M], self.sorted_rows_[:M]
-        if bulk:
+        n = sp.shape[1]
+        if bulk and 8 * qcodes.shape[0] * max(1.0, np.log2(max(n, 2))) >= n:
             qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
             cand: np.ndarray = window_candidates_merge(sp, sr, qprefix, qorder, W)
         else:
