@@ -80,21 +80,53 @@ def pack_signs(P):
 
 
 @njit(cache=True, nogil=True)
+def _prefix_tables(positions):
+    """Byte tables of a permutation: the distinct key bytes its positions read (``src``) and,
+    per such byte and byte value, that byte's bits placed where the prefix wants them."""
+    L = positions.shape[0]
+    nbytes = 0
+    for j in range(L):
+        nbytes = max(nbytes, positions[j] // 8 + 1)
+    slot = np.full(nbytes, -1, dtype=np.int64)
+    src = np.empty(L, dtype=np.int64)
+    k = 0
+    for j in range(L):
+        b = positions[j] // 8
+        if slot[b] < 0:
+            slot[b] = k
+            src[k] = b
+            k += 1
+    tables = np.zeros((k, 256), dtype=np.uint64)
+    for j in range(L):
+        p = positions[j]
+        t = slot[p // 8]
+        bit_in_byte = 7 - (p & 7)  # key bit p is bit (7 - p % 8) of its byte (MSB first)
+        for val in range(256):
+            if (val >> bit_in_byte) & 1:
+                tables[t, val] |= _ONE << np.uint64(63 - j)
+    return src[:k], tables
+
+
+@njit(cache=True, nogil=True)
 def permuted_prefix(codes, positions):
     """The first ``len(positions)`` (<= 64) bits of each key under a permutation.
 
     ``positions[j]`` is the key bit that becomes bit ``j`` of the prefix (MSB first).
+    By byte tables: one lookup per distinct key byte the positions read (8 when they are whole
+    bytes, as `PermutationIndex` draws them; at most ``len(positions)`` otherwise).
     Returns uint64 (n,).
     """
     n = codes.shape[0]
-    L = positions.shape[0]
+    src, tables = _prefix_tables(positions)
+    k = src.shape[0]
+    words = src >> 3
+    shifts = (np.uint64(56) - ((src & 7) * 8).astype(np.uint64))
     out = np.zeros(n, dtype=np.uint64)
     for r in range(n):
         v = np.uint64(0)
-        for j in range(L):
-            p = positions[j]
-            bit = (codes[r, p >> 6] >> np.uint64(63 - (p & 63))) & _ONE
-            v |= bit << np.uint64(63 - j)
+        for i in range(k):
+            byte = (codes[r, words[i]] >> shifts[i]) & np.uint64(0xFF)
+            v |= tables[i, byte]
         out[r] = v
     return out
 
