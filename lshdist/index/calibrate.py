@@ -59,14 +59,15 @@ class Point:
     seconds_per_query: float | None = None  # measured with the real search (None: not timed)
 
     def cost(self, width: float) -> float:
-        """A deterministic proxy of the search time per query, in rough operation counts:
-        per list the 64-bit permuted prefix and the window's 2W entries (a gather, the
-        de-duplication and a Hamming distance each: 12 units), then the exact distance of every
-        re-ranked row (``width`` numbers per row).  Weights from a profile on Fashion-MNIST
-        (10,000 queries: 24 ns per window entry, 1.47 us per re-ranked 784-float row).  It
-        orders the points; timing decides only hash against scan, so that the same seed always
-        gives the same choice."""
-        return self.permutations * (64 + 24 * self.window) + self.reranked * (width + 8)
+        """A deterministic proxy of the search time per query, in units of one number read by
+        the exact re-rank: per list the permuted prefix and the query's place in the list (50
+        units) and the window's 2W entries (a gather, the de-duplication and a Hamming distance
+        each: 45 units), then the exact distance of every re-ranked row (``width`` numbers and
+        8 for its top-k).  Weights from a profile on Fashion-MNIST (10,000 queries, one thread,
+        b = 512: 18 ns per window entry, 0.31 us per re-ranked 784-float row, 0.39 ns per
+        number).  It orders the points; timing decides only hash against scan, so that the
+        same seed always gives the same choice."""
+        return self.permutations * (50 + 90 * self.window) + self.reranked * (width + 8)
 
 
 @dataclass(frozen=True)
