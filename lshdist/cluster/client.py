@@ -25,6 +25,25 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
               "NUMBA_NUM_THREADS": "1"}
 
 
+@contextlib.contextmanager
+def _spawn_env(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while worker processes are spawned.  The
+    Nanny's ``env`` is applied in the worker after it has imported numpy and numba, whose
+    thread pools are sized at import: a driver run with OMP_NUM_THREADS=2 (a benchmark, a
+    user's shell) gave each 1-thread worker 2 BLAS and 2 numba threads — 4 threads on 2 cores,
+    the distributed Fashion-MNIST run 1.5x slower (measured)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def one_thread_io() -> None:
     """Zarr's own I/O and codec thread pool down to one thread on this worker (measured: with
     its default pool, a '1-thread' worker used 1.35 cores while reading and writing)."""
@@ -89,13 +108,14 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
     else:
         # Nanny options: worker processes only (threads talk in-process, no sockets)
         extra = {"env": WORKER_ENV, "host": listen} if processes else {}
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                               **extra,
-                               # loopback by default: nothing listens on the machine's other
-                               # addresses (the dashboard included)
-                               dashboard_address=f"{listen}:0",
-                               # task errors reach the driver; the rest is shutdown noise
-                               silence_logs=logging.CRITICAL)
+        with _spawn_env(WORKER_ENV if processes else {}):
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
+                                   processes=processes, **extra,
+                                   # loopback by default: nothing listens on the machine's
+                                   # other addresses (the dashboard included)
+                                   dashboard_address=f"{listen}:0",
+                                   # task errors reach the driver; the rest is shutdown noise
+                                   silence_logs=logging.CRITICAL)
         client = Client(cluster)
     _bound_calls(client, stall)
     try:
