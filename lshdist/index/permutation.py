@@ -113,19 +113,13 @@ def permutation_prefixes(codes: np.ndarray, positions: np.ndarray) -> np.ndarray
 
 
 def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
-    """The key bits of M permuted 64-bit prefixes, int64 (M, min(64, bits)).
+    """The key bits of M permuted prefixes, int64 (M, min(64, bits)): 64 random bits each.
 
-    Every key bit is an independent random hyperplane, so which bits a prefix takes, and in
-    which order, only has to be random, not a uniformly random permutation: for b a multiple
-    of 8 (and >= 64) a prefix is 8 random whole bytes of the key in random order, each with its
-    8 bits in random order — the same distribution of lists, with a prefix computed by 8 table
-    lookups instead of 64 bit extractions (`permuted_prefix`).  Otherwise 64 random bits."""
+    (Drawing 8 whole random bytes instead — 8 table lookups per prefix, 7x faster — gave the
+    same recall on Fashion-MNIST but cut 20 Newsgroups' best recall from 0.748 to 0.603 in the
+    same grid, measured; not understood, so not used.)"""
     L = min(64, bits)
-    if bits % 8 or bits < 64:
-        return np.stack([rng.permutation(bits)[:L] for _ in range(M)]).astype(np.int64)
-    rows = [np.concatenate([8 * b + rng.permutation(8) for b in rng.permutation(bits // 8)[:8]])
-            for _ in range(M)]
-    return np.stack(rows).astype(np.int64)
+    return np.stack([rng.permutation(bits)[:L] for _ in range(M)]).astype(np.int64)
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
