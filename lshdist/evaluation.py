@@ -115,7 +115,7 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
         _, hash_ids = ix.query(X_test, kmax, mode="hash", n_threads=settings.n_threads)
         t_hash = time.perf_counter() - t0
         if cal is not None:
-            t_hash += cal.seconds  # calibrating is part of the hashed answer (fit defers it)
+            t_build += cal.seconds  # calibration belongs to the build (fit defers it)
         stats = ix.stats_
         auto = ix.mode_  # what mode="auto" answers with
         log.info("%s: build %.2fs, scan %.2fs, hash %.2fs; auto: %s%s", name, t_build, t_scan,
