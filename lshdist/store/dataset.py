@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -142,6 +142,64 @@ def write_dataset(
                 **(attrs or {}),
             }
         )
+    return Dataset(path)
+
+
+def write_dense_shards(
+    path: str | os.PathLike[str],
+    shards: Iterable[tuple[np.ndarray, np.ndarray | None]],
+    *,
+    n: int,
+    d: int,
+    shard_rows: int,
+    classes: list[str] | None = None,
+    overwrite: bool = False,
+    attrs: dict[str, Any] | None = None,
+) -> Dataset:
+    """Write a dense dataset of ``n`` rows shard by shard, atomically, never holding more than
+    one shard: ``shards`` yields ``(X (rows, d), y (rows,) or None)`` of exactly ``shard_rows``
+    rows each (the last one the remainder); ids are ``0..n-1``, labels integer codes into
+    ``classes``.  The same layout `write_dataset` writes.
+
+    Raises
+    ------
+    InputError
+        If a shard has the wrong shape, non-finite values, labels outside ``classes``, or the
+        shards do not add up to ``n`` rows.
+    """
+    if not isinstance(shard_rows, (int, np.integer)) or shard_rows < 1 or n < 1 or d < 1:
+        raise InputError(f"n={n}, d={d}, shard_rows={shard_rows}: all must be integers >= 1")
+    bounds = _shard_bounds(int(n), int(shard_rows))
+    with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
+        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        chunk = int(min(shard_rows, n))
+        xa = g.create_array("X", shape=(n, d), dtype=np.float32, chunks=(chunk, int(d)))
+        ya = None
+        if classes is not None:
+            ya = g.create_array("y", shape=(n,), dtype=np.int32, chunks=(chunk,))
+        g.create_array("ids", data=np.arange(n, dtype=np.int64), chunks=(chunk,))
+        i = 0
+        for X, y in shards:
+            if i >= len(bounds) - 1:
+                raise InputError(f"the shards hold more than n={n} rows")
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            X = check_numeric_matrix(X)
+            if X.shape != (hi - lo, d):
+                raise InputError(f"shard {i} has shape {X.shape}, expected ({hi - lo}, {d})")
+            xa[lo:hi] = X
+            if ya is not None:
+                codes = np.asarray(y)
+                if codes.shape != (hi - lo,) or codes.dtype.kind not in "iu" or (
+                        len(codes) and (codes.min() < 0 or codes.max() >= len(classes or []))):
+                    raise InputError(f"shard {i}: labels must be {hi - lo} integer codes in "
+                                     f"[0, {len(classes or [])})")
+                ya[lo:hi] = codes.astype(np.int32)
+            i += 1
+        if i != len(bounds) - 1:
+            raise InputError(f"the shards hold {int(bounds[i])} rows, expected n={n}")
+        g.attrs.update({"format": FORMAT, "version": VERSION, "N": int(n), "d": int(d),
+                        "kind": "dense", "nnz": None, "shard_rows": int(shard_rows),
+                        "n_shards": int(len(bounds) - 1), "classes": classes, **(attrs or {})})
     return Dataset(path)
 
 

@@ -280,3 +280,28 @@ def test_duplicated_sparse_entries_are_summed_on_write(tmp_path):
     ds.verify()
     np.testing.assert_array_equal(ds.read_all().over(np.arange(4, dtype=np.uint64)).toarray(),
                                   [[0, 5, 0, 3]])
+
+
+def test_write_dense_shards_equals_write_dataset(tmp_path):
+    """Shard by shard (never the whole matrix) gives what `write_dataset` gives; wrong shard
+    shapes or row counts are refused and leave nothing behind."""
+    from lshdist.errors import InputError
+    from lshdist.store.dataset import write_dense_shards
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(25, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 25)
+    ref = write_dataset(tmp_path / "ref", X, y, classes=["a", "b", "c"], shard_rows=10)
+    got = write_dense_shards(tmp_path / "got", ((X[i:i + 10], y[i:i + 10]) for i in (0, 10, 20)),
+                             n=25, d=4, shard_rows=10, classes=["a", "b", "c"])
+    assert (got.n, got.d, got.n_shards, got.classes) == (ref.n, ref.d, ref.n_shards, ref.classes)
+    assert np.array_equal(got.read_all(), ref.read_all())
+    assert np.array_equal(got.labels(), ref.labels()) and np.array_equal(got.ids(), ref.ids())
+    assert np.array_equal(got.read_shard(2), X[20:])
+    with pytest.raises(InputError, match="shape"):
+        write_dense_shards(tmp_path / "bad", iter([(X[:9], y[:9])]), n=25, d=4, shard_rows=10,
+                           classes=["a", "b", "c"])
+    with pytest.raises(InputError, match="expected n=25"):
+        write_dense_shards(tmp_path / "bad", iter([(X[:10], y[:10])]), n=25, d=4,
+                           shard_rows=10, classes=["a", "b", "c"])
+    assert not (tmp_path / "bad").exists()

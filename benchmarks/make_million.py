@@ -1,0 +1,132 @@
+"""A 1,020,000-row database from Fashion-MNIST (shifted copies), its queries and exact truth.
+
+Database: the 60,000 training images, unshifted and moved by each of 16 one- and two-pixel
+shifts (dx, dy) in {-2..2}^2 (zero fill), 17 variants x 60,000 rows, labels kept, written shard
+by shard (`lshdist.store.dataset.write_dense_shards`: never more than one 20,000-row shard in
+memory; 3.2 GB of float32).  Row ``v * 60,000 + i`` is training image ``i`` under variant
+``v``.  Queries: the 10,000 test images unshifted and under 9 shifts — the 8 one-pixel
+neighbours and (2, 1) — 100,000 rows.
+Ground truth: the exact 10 nearest database rows (L2, ties by row) of the first
+``TRUTH_QUERIES`` queries, computed once in database chunks (float32 BLAS, then exact re-check)
+and stored as ``OUT/truth.npz`` (int64 ids, float32 squared distances; no pickle).  Everything
+is deterministic; an existing output is reused when its attributes match.
+
+    cd /work/main && .venv/bin/python benchmarks/make_million.py [--out out/million-fashion]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lshdist.datasets import load_fashion_mnist
+from lshdist.store.dataset import Dataset, write_dense_shards
+
+SHARD_ROWS = 20_000
+VERSION = 1
+K = 10
+TRUTH_QUERIES = 2_000
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "out" / "million-fashion"
+#: database variants: the original, then 16 shifts (the 8 one-pixel ones and 8 two-pixel ones)
+DB_SHIFTS = [(0, 0), (0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1),
+             (0, -2), (0, 2), (-2, 0), (2, 0), (-2, -2), (-2, 2), (2, -2), (2, 2)]
+#: query variants: the original, the 8 one-pixel shifts and (2, 1)
+Q_SHIFTS = [(0, 0), (0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1),
+            (2, 1)]
+
+
+def shift(X: np.ndarray, dx: int, dy: int, side: int = 28) -> np.ndarray:
+    """Images (n, side*side) moved by (dx, dy) pixels (x right, y down), zero fill."""
+    img = X.reshape(len(X), side, side)
+    out = np.zeros_like(img)
+    ys = slice(max(dy, 0), side + min(dy, 0))
+    yd = slice(max(-dy, 0), side + min(-dy, 0))
+    xs = slice(max(dx, 0), side + min(dx, 0))
+    xd = slice(max(-dx, 0), side + min(-dx, 0))
+    out[:, ys, xs] = img[:, yd, xd]
+    return out.reshape(len(X), side * side)
+
+
+def exact_topk(db: Dataset, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact k nearest rows of ``db`` (ids, squared L2; ties by id) for every query, one
+    shard at a time: float32 BLAS candidates (k + 16 per shard), then exact float64 distances."""
+    qn = np.einsum("ij,ij->i", Q, Q)
+    best_d = np.full((len(Q), 0), np.inf)
+    best_i = np.zeros((len(Q), 0), np.int64)
+    ids = db.ids()
+    for s in range(db.n_shards):
+        lo = int(db.shard_bounds[s])
+        X = np.asarray(db.read_shard(s), np.float32)
+        D = qn[:, None] - 2.0 * (Q @ X.T) + np.einsum("ij,ij->i", X, X)[None, :]
+        kk = min(k + 16, X.shape[0])
+        cand = np.argpartition(D, kk - 1, axis=1)[:, :kk]
+        diff = Q[:, None, :].astype(np.float64) - X[cand].astype(np.float64)
+        exact = np.einsum("qcd,qcd->qc", diff, diff)
+        best_d = np.concatenate([best_d, exact], axis=1)
+        best_i = np.concatenate([best_i, ids[lo + cand]], axis=1)
+        order = np.lexsort((best_i, best_d), axis=1)[:, :k]
+        best_d = np.take_along_axis(best_d, order, 1)
+        best_i = np.take_along_axis(best_i, order, 1)
+    return best_i, best_d.astype(np.float32)
+
+
+def make(out: Path = DEFAULT_OUT, *, overwrite: bool = False) -> tuple[Dataset, Dataset, dict]:
+    """Write (or reuse) ``out/train``, ``out/test`` and ``out/truth.npz``."""
+    split = load_fashion_mnist()
+    Xtr = np.asarray(split.X_train, np.float32)
+    ytr = np.asarray(split.y_train)
+    n_img, d = Xtr.shape
+    n = n_img * len(DB_SHIFTS)
+    attrs = {"million_version": VERSION, "db_shifts": DB_SHIFTS, "source": "fashion-mnist train"}
+    train, test, truth_p = out / "train", out / "test", out / "truth.npz"
+    if not overwrite and train.exists() and test.exists() and truth_p.exists():
+        ds, qs = Dataset(train), Dataset(test)
+        if ds.n == n and ds.d == d and ds.attrs.get("million_version") == VERSION:
+            print(f"reusing {train} ({ds.n:,} rows), {test} ({qs.n:,}), {truth_p}")
+            with np.load(truth_p, allow_pickle=False) as z:
+                return ds, qs, {k: z[k] for k in z.files}
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    per = n_img // SHARD_ROWS
+
+    def shards():
+        for dx, dy in DB_SHIFTS:
+            V = shift(Xtr, dx, dy)
+            for j in range(per):
+                sl = slice(j * SHARD_ROWS, (j + 1) * SHARD_ROWS)
+                yield V[sl], ytr[sl]
+
+    ds = write_dense_shards(train, shards(), n=n, d=d, shard_rows=SHARD_ROWS,
+                            classes=list(split.classes), overwrite=overwrite or train.exists(),
+                            attrs=attrs)
+    t_db = time.perf_counter() - t0
+    Xte = np.asarray(split.X_test, np.float32)
+    Q = np.concatenate([shift(Xte, dx, dy) for dx, dy in Q_SHIFTS])
+    yq = np.tile(np.asarray(split.y_test), len(Q_SHIFTS))
+    from lshdist.store.dataset import write_dataset
+
+    qs = write_dataset(test, Q, yq, classes=list(split.classes), shard_rows=SHARD_ROWS,
+                       overwrite=overwrite or test.exists(),
+                       attrs={"source": "fashion-mnist t10k", "q_shifts": Q_SHIFTS})
+    t0 = time.perf_counter()
+    tid, tdist = exact_topk(ds, Q[:TRUTH_QUERIES], K)
+    t_truth = time.perf_counter() - t0
+    np.savez(truth_p, ids=tid, dist=tdist, queries=np.arange(TRUTH_QUERIES, dtype=np.int64))
+    print(f"wrote {train} ({ds.n:,} x {d}, {ds.n_shards} shards, {t_db:.1f} s), {test} "
+          f"({qs.n:,} rows), truth of {TRUTH_QUERIES:,} queries ({t_truth:.1f} s)")
+    return ds, qs, {"ids": tid, "dist": tdist}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args()
+    make(a.out, overwrite=a.overwrite)
+
+
+if __name__ == "__main__":
+    main()
