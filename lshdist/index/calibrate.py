@@ -43,6 +43,8 @@ SAMPLE_QUERIES = 200
 #: queries of the timed searches (the chosen point and the scan)
 TIMED_QUERIES = 200
 WINDOWS = (1, 2, 4, 8, 16, 32)
+#: windows are doubled beyond the grid, up to this, while no point reaches the target
+MAX_WINDOW = 256
 HAMMING_FACTORS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # H = factor * k; 0 (all) too
 
 
@@ -226,27 +228,20 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     ws = sorted(set(windows or WINDOWS))
     hs = sorted(set(hamming_keeps if hamming_keeps is not None
                     else (0, *[f * k for f in HAMMING_FACTORS])))
-    m_max, w_max = max(ms), max(ws)
-    if m_max > index.n_permutations_:
-        raise InputError(f"calibration asks for {m_max} lists, the index has "
+    if max(ms) > index.n_permutations_:
+        raise InputError(f"calibration asks for {max(ms)} lists, the index has "
                          f"{index.n_permutations_}")
-    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
-                                                                                2 * w_max)
-    ham = candidate_hamming(full, index.codes_, qcodes)
-    keeps = np.asarray(hs, dtype=np.int64)
-    hits, reranked = candidate_recall_grid(full, ham, index.bits_, truth, qrows,
-                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
-                                           keeps)
-    points: list[Point] = []
-    for a, m in enumerate(ms):
-        for b, w in enumerate(ws):
-            seen: set[float] = set()
-            for h, hit, rr in zip(hs, hits[a, b], reranked[a, b]):
-                kept = float(rr) / Q
-                if kept in seen:
-                    continue  # H at or beyond every query's candidates: the same point
-                seen.add(kept)
-                points.append(Point(m, w, int(h), float(hit) / (Q * ks), kept, kept / N))
+    width = float(getattr(qpayload, "width", 1))
+    margin = recall_margin(target, Q, ks)
+    while True:
+        points = _grid(index, qrows, qcodes, truth, ms, ws, hs, k=ks)
+        # a larger database needs wider windows for the same recall (the lists hold more
+        # rows between a query and its neighbours): when no point of the grid reaches the
+        # target, the windows are doubled, up to MAX_WINDOW (not when W was given)
+        if (windows is not None or max(ws) >= MAX_WINDOW
+                or choose_point(points, target, width, margin) is not None):
+            break
+        ws = [*ws, 2 * max(ws)]
     width = float(getattr(qpayload, "width", 1))
     nt = min(Q, TIMED_QUERIES)
     qc_t, qp_t = qcodes[:nt], qpayload.take(slice(0, nt))
@@ -257,8 +252,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
                      hamming_keep=p.hamming_keep)
         return (timer() - t0) / nt + hash_overhead
 
-    mode, chosen, reason = select(points, target, scan_s, width, time_point,
-                                  recall_margin(target, Q, ks))
+    mode, chosen, reason = select(points, target, scan_s, width, time_point, margin)
     extra: dict[str, Any] = {}
     if chosen is None and mode == "scan":
         best = choose_point(points, min(target, max((p.recall for p in points), default=1.0)),
@@ -271,6 +265,31 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
                        scan_seconds_per_query=scan_s, points=tuple(points), mode=mode,
                        chosen=chosen, reason=reason, width=width, seconds=timer() - t_start,
                        extra=extra)
+
+
+def _grid(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, truth: np.ndarray,
+          ms: Sequence[int], ws: Sequence[int], hs: Sequence[int], *, k: int) -> list[Point]:
+    """Recall and rows re-ranked of every (M', W', H) of the grid, exactly, from one candidate
+    array of the largest M and W."""
+    Q, N = len(qrows), len(index)
+    m_max, w_max = max(ms), max(ws)
+    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
+                                                                                2 * w_max)
+    ham = candidate_hamming(full, index.codes_, qcodes)
+    hits, reranked = candidate_recall_grid(full, ham, index.bits_, truth, qrows,
+                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
+                                           np.asarray(hs, dtype=np.int64))
+    points: list[Point] = []
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            seen: set[float] = set()
+            for h, hit, rr in zip(hs, hits[a, b], reranked[a, b]):
+                kept = float(rr) / Q
+                if kept in seen:
+                    continue  # H at or beyond every query's candidates: the same point
+                seen.add(kept)
+                points.append(Point(m, w, int(h), float(hit) / (Q * k), kept, kept / N))
+    return points
 
 
 def sample_rows(n: int, size: int, seed: int) -> np.ndarray:

@@ -112,6 +112,11 @@ def permutation_prefixes(codes: np.ndarray, positions: np.ndarray) -> np.ndarray
     return out
 
 
+#: queries searched at once per thread (bounds the window candidate array: 4,096 queries x
+#: 128 lists x 2 x 64 window entries x 4 bytes = 268 MB)
+QUERY_BLOCK = 4096
+
+
 def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
     """The key bits of M permuted prefixes, int64 (M, min(64, bits)): 64 random bits each.
 
@@ -324,8 +329,16 @@ class PermutationIndex:
         parts = _split(Q, n_threads)
 
         def run(part: tuple[int, int]) -> tuple[np.ndarray, ...]:
-            sel = order[part[0]:part[1]]
-            return self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op)
+            # in blocks: a block's window candidates are (rows, 2 M W) entries, which for wide
+            # windows would not fit in memory for a whole bulk query at once
+            outs = []
+            for lo in range(part[0], part[1], QUERY_BLOCK):
+                sel = order[lo:min(lo + QUERY_BLOCK, part[1])]
+                outs.append(self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op))
+            if not outs:
+                sel = order[part[0]:part[1]]
+                return self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op)
+            return tuple(np.concatenate([o[j] for o in outs]) for j in range(4))
 
         if len(parts) <= 1:
             results = [run((0, Q))]
