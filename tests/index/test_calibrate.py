@@ -200,3 +200,27 @@ def test_choose_point_margin():
     assert 0.006 < m < 0.007
     assert choose_point(pts, 0.9, 10.0, m).recall == 0.95  # 0.903 is within one error
     assert choose_point(pts, 0.99, 10.0, m) is None
+
+
+def test_windows_widen_only_while_the_target_is_out_of_reach(monkeypatch):
+    """The grid's windows are doubled (up to MAX_WINDOW) only while no point reaches the
+    target: an easy target keeps the given grid, a hard one extends it."""
+    import lshdist.index.calibrate as cal_mod
+    from lshdist.index.searcher import calibrate_index
+
+    monkeypatch.setattr(cal_mod, "WINDOWS", (1,))
+    monkeypatch.setattr(cal_mod, "MAX_WINDOW", 16)
+    X, metric = _index(seed=3, n=3000)
+    ix = MetricIndex(metric, bits=64, n_permutations=8).fit(X)
+    fixed = {"permutations": None, "window": None, "hamming_keep": None}
+
+    def windows(target):
+        c = calibrate_index(ix.index_, metric, ix.family_, X, k=10, target=target, seed=0,
+                            fixed=fixed)
+        return sorted({p.window for p in c.points}), c
+    easy, c1 = windows(0.05)
+    assert easy == [1] and c1.chosen is not None
+    hard, c2 = windows(0.999)
+    assert hard == [1, 2, 4, 8, 16]
+    assert max(p.recall for p in c2.points if p.window == 16) > max(
+        p.recall for p in c2.points if p.window == 1)
