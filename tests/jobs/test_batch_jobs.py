@@ -107,6 +107,15 @@ def test_daily_idempotent_ids_and_compaction(work, tmp_path, capsys):
     assert np.array_equal(_ids(index), np.r_[np.arange(300), 1000 + np.arange(300),
                                              2000 + np.arange(300)])
     assert list_orphans(index) == []
+    # the next day lands beside the packed segment; the packed days still refuse a re-run
+    assert daily_append([str(cfg), "--day", "2026-11-04"]) == 0
+    m = read_manifest(index)
+    assert [len(e.get("parts", [])) for e in m["segments"]] == [3, 0] and m["rows"] == 1200
+    assert np.array_equal(_ids(index), np.r_[np.arange(300), 1000 + np.arange(300),
+                                             2000 + np.arange(300), 3000 + np.arange(300)])
+    assert daily_append([str(cfg), "--day", "2026-11-02"]) == 0
+    assert "already appended" in capsys.readouterr().out
+    assert read_manifest(index)["rows"] == 1200
 
 
 def test_daily_lock_held_exits_2(work, tmp_path, capsys):
