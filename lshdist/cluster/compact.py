@@ -110,7 +110,7 @@ def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
     """The operating point again for the new segment sizes (every segment contributes its own
     candidates, so fewer larger segments need wider windows or cuts for the same recall):
     calibrated on the largest segment; the manifest's own point where that cannot be done."""
-    from lshdist.index.calibrate import Calibration, Point
+    from lshdist.index.calibrate import Calibration
 
     largest = max(entries, key=lambda e: e["rows"])
     f = client.submit(tasks.recalibrate_stored, str(plan.index), largest, manifest, pure=False)
@@ -123,7 +123,7 @@ def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
                     "index to calibrate it again)")
         return {}
     cal = Calibration.from_json(raw)
-    ref = cal.chosen or (Point(**cal.extra["timed"]) if "timed" in cal.extra else None)
+    ref = cal.reference
     log.info("compaction re-calibrated on %d rows: %s — %s", largest["rows"], cal.mode,
              cal.reason)
     op: dict[str, Any] = {"calibration": raw}

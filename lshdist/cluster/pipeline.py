@@ -24,7 +24,7 @@ from typing import Any
 from lshdist.cluster import tasks
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
-from lshdist.index.calibrate import Calibration, Point
+from lshdist.index.calibrate import Calibration
 from lshdist.index.params import resolve_permutations
 from lshdist.index.searcher import MODES, RECALIBRATE_QUERIES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
@@ -330,7 +330,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
             for _ in _progress([cal_f], "calibrate", stall):
                 pass
             cal = Calibration.from_json(cal_f.result())
-            ref = cal.chosen or (Point(**cal.extra["timed"]) if "timed" in cal.extra else None)
+            ref = cal.reference
             keep = ref.permutations if ref else min(p.permutations for p in cal.points)
             window = ref.window if ref else (cfg.window or 8)
             hkeep = ref.hamming_keep if ref else (cfg.hamming_keep or 0)

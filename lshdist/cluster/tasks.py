@@ -56,30 +56,26 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
                       queries_path: str | None = None) -> dict[str, Any]:
-    """Calibrate a fitted segment on a sample of its own rows, or of the dataset
-    ``queries_path`` (`lshdist.index.calibrate`); returns the calibration as JSON (it goes
-    into the index manifest)."""
-    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
-
+    """Calibrate a fitted segment on a sample of the dataset ``queries_path``
+    (`calibrate_on_queries`), or of its own rows (leave-one-out); returns the calibration as
+    JSON (it goes into the index manifest)."""
+    if queries_path is not None:
+        return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed)
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
-    queries = None
-    if queries_path is not None:
-        qds = Dataset(queries_path)
-        queries = qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed))
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed, queries=queries)
+                          target=target, seed=seed, fixed=fixed)
     out = cal.to_json()
-    out["extra"]["fixed"] = fixed  # what the user fixed: a re-calibration keeps it fixed
-    out["extra"]["queries"] = queries_path  # the rows sampled (None: the segment's own)
+    out["extra"].update(fixed=fixed, queries=None)  # what the user fixed; the rows sampled
     return out
 
 
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
                          fixed: dict[str, int | None], seed: int) -> dict[str, Any]:
-    """Calibrate a loaded segment (its largest part, if packed) on a sample of the dataset
-    ``queries_path`` (a bulk query's own calibration); returns the calibration as JSON."""
+    """Calibrate a segment (its largest part, if packed) on a sample of the dataset
+    ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
+    bulk query; returns the calibration as JSON, naming the dataset sampled."""
     from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
 
     part = max(parts_of(segment), key=len)
@@ -87,8 +83,8 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
     queries = qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed))
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
-    cal = calibrate_index(part, _metric(family), family, queries, k=min(k, len(part) - 1),
-                          target=target, seed=seed, fixed=fixed, queries=queries)
+    cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
+                          seed=seed, fixed=fixed, queries=queries)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=queries_path)
     return out

@@ -114,6 +114,15 @@ class Calibration:
                               "rebuild the index")
         return cal
 
+    @property
+    def reference(self) -> Point | None:
+        """The point a hashed search runs at: the chosen one, or — where the scan was chosen —
+        the best point that was timed (``mode="hash"`` still searches there); None if none."""
+        if self.chosen is not None:
+            return self.chosen
+        timed = self.extra.get("timed")
+        return Point(**timed) if isinstance(timed, dict) else None
+
     def point_for(self, target: float, max_permutations: int) -> tuple[str, Point | None, str]:
         """Another operating point of the same curve (a query-time target): the cheapest that
         reaches it among those the index's lists allow; its time is estimated from the
@@ -122,9 +131,7 @@ class Calibration:
         p = choose_point(pts, target, self.width, recall_margin(target, self.n_queries, self.k))
         if p is None:
             return "scan", None, _no_point(pts, target)
-        ref = self.chosen or self.extra.get("timed")
-        if isinstance(ref, dict):
-            ref = Point(**ref)
+        ref = self.reference
         if ref is None or ref.seconds_per_query is None:
             return "hash", p, "no timing recorded; hashed search"
         est = ref.seconds_per_query * p.cost(self.width) / max(ref.cost(self.width), 1.0)

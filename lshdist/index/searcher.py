@@ -217,10 +217,7 @@ class MetricIndex:
         return self._mode
 
     def _use(self, cal: Calibration) -> None:
-        ref = cal.chosen
-        if ref is None and "timed" in cal.extra:  # the scan was chosen: mode="hash" still
-            ref = Point(**cal.extra["timed"])     # searches at the best point measured
-        self.set_operating_point(cal.mode, ref)
+        self.set_operating_point(cal.mode, cal.reference)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "index_"):

@@ -224,3 +224,15 @@ def test_windows_widen_only_while_the_target_is_out_of_reach(monkeypatch):
     assert hard == [1, 2, 4, 8, 16]
     assert max(p.recall for p in c2.points if p.window == 16) > max(
         p.recall for p in c2.points if p.window == 1)
+
+
+def test_reference_point_is_the_chosen_or_the_timed_one():
+    p, t = _pt(8, 2, 40, 0.95, secs=1e-4), _pt(16, 4, 80, 0.93, secs=2e-4)
+    base = dict(k=10, target=0.9, n_database=100, n_queries=20, scan_seconds_per_query=1e-3,
+                points=(p, t))
+    from dataclasses import asdict
+
+    assert Calibration(**base, mode="hash", chosen=p, reason="").reference == p
+    scan = Calibration(**base, mode="scan", chosen=None, reason="", extra={"timed": asdict(t)})
+    assert scan.reference == t
+    assert Calibration(**base, mode="scan", chosen=None, reason="").reference is None
