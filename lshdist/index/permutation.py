@@ -332,12 +332,9 @@ class PermutationIndex:
             # in blocks: a block's window candidates are (rows, 2 M W) entries, which for wide
             # windows would not fit in memory for a whole bulk query at once
             outs = []
-            for lo in range(part[0], part[1], QUERY_BLOCK):
+            for lo in range(part[0], part[1], QUERY_BLOCK) or [part[0]]:  # [] for no queries
                 sel = order[lo:min(lo + QUERY_BLOCK, part[1])]
                 outs.append(self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op))
-            if not outs:
-                sel = order[part[0]:part[1]]
-                return self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op)
             return tuple(np.concatenate([o[j] for o in outs]) for j in range(4))
 
         if len(parts) <= 1:
@@ -395,11 +392,6 @@ class PackedSegment:
                              "segments with the same number of lists")
         self.parts = list(parts)
         self.n_permutations_ = parts[0].n_permutations_
-        self.bits_ = parts[0].bits_
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.parts)
-
-    @property
-    def ids_(self) -> np.ndarray:
-        return np.concatenate([p.ids_ for p in self.parts])
