@@ -190,19 +190,22 @@ def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any
     copied file for file (the arrays, and so their checksums, unchanged); returns its manifest
     entry.  Nothing names the new segment until the caller swaps the manifest: a kill leaves an
     orphan for `remove_orphans`."""
-    dst = segment_path(index_dir, name)
-    dst.mkdir(parents=True)
+    sources: list[Path] = []
     parts: list[dict[str, Any]] = []
     for e in entries:
         src = segment_path(index_dir, e["name"])
         subs = ([(src / part_dir(j), p) for j, p in enumerate(e["parts"])] if "parts" in e
                 else [(src, e)])
         for path, p in subs:
-            shutil.copytree(path, dst / part_dir(len(parts)))
+            sources.append(path)
             parts.append({k: p[k] for k in ("rows", "permutations", "checksum")})
     if len({p["permutations"] for p in parts}) != 1:
         raise InputError(f"segments with {sorted({p['permutations'] for p in parts})} lists "
                          "cannot be packed into one")
+    dst = segment_path(index_dir, name)
+    dst.mkdir(parents=True)
+    for i, path in enumerate(sources):
+        shutil.copytree(path, dst / part_dir(i))
     return {"name": name, "rows": sum(p["rows"] for p in parts),
             "permutations": parts[0]["permutations"], "checksum": packed_checksum(parts),
             "parts": parts, **contiguous_span(entries)}
