@@ -108,6 +108,9 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
         # a batch of queries known in advance: calibrate on a sample of them (what
         # MetricIndex.query(mode="auto") does for a large query set); else on the rows given
         cal = ix.calibrate_for(X_test) if on_queries else ix.calibration_
+        calibrated_on = (None if cal is None else "the test queries" if on_queries
+                         else "database rows" if settings.calibration_queries is None
+                         else "calibration queries")
         t0 = time.perf_counter()
         _, scan_ids = ix.query(X_test, kmax, mode="scan", n_threads=settings.n_threads)
         t_scan = time.perf_counter() - t0
@@ -146,10 +149,7 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                     "auto_mode": auto,
                     "auto_seconds": float(t_hash if auto == "hash" else t_scan),
                     "calibration_seconds": float(cal.seconds) if cal else 0.0,
-                    "calibrated_on": ("the test queries" if on_queries
-                                      else "calibration queries"
-                                      if settings.calibration_queries is not None
-                                      else "database rows") if cal else None,
+                    "calibrated_on": calibrated_on,
                     "calibration": cal.reason if cal else None,
                 }
                 records.append(rec)
