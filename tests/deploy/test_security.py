@@ -78,6 +78,24 @@ def test_tls_needs_certificates(tmp_path):
     assert cluster_security("tcp://127.0.0.1:1") is None
 
 
+def _scheduler_address(path: Path, timeout: float = 60.0) -> str:
+    """The address in a scheduler file, once the scheduler has written all of it.
+
+    `dask scheduler` creates the file before it writes its content, so existence alone is not
+    enough: wait until it parses.
+    """
+    import json
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return str(json.loads(path.read_text())["address"])
+        except (FileNotFoundError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @pytest.mark.cluster
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_cluster(data, tmp_path, capsys):
@@ -96,12 +114,7 @@ def test_tls_cluster(data, tmp_path, capsys):
          "--tls-cert", str(certs / "scheduler.pem"), "--tls-key", str(certs / "scheduler.key")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        deadline = time.monotonic() + 60
-        while not sched_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        import json
-
-        address = json.loads(sched_file.read_text())["address"]
+        address = _scheduler_address(sched_file)
         assert address.startswith("tls://127.0.0.1:")
         for _ in range(2):
             procs.append(subprocess.Popen(

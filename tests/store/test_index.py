@@ -268,8 +268,12 @@ def test_a_held_lock_times_out_naming_its_owner(tmp_path):
     p.start()
     try:
         deadline = time.time() + 30
-        while not lock_path(tmp_path / "idx").exists() and time.time() < deadline:
-            time.sleep(0.02)
+        while time.time() < deadline:  # until the holder has written its record
+            try:
+                json.loads(lock_path(tmp_path / "idx").read_text())
+                break
+            except (FileNotFoundError, ValueError):
+                time.sleep(0.02)
         t = time.monotonic()
         with pytest.raises(InputError, match=f"is locked by pid {p.pid} on host "
                            f"'{re.escape(socket.gethostname())}' since .*if that process is "
