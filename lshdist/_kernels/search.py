@@ -289,10 +289,14 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     discovery order), by a stable counting sort over the ``n_bits + 1`` distances.
 
     For each query and grid point: its distinct candidates (-1 ignored), cut to the first
-    ``keeps[j]`` (0: all), the number of them in ``truth[q]`` (true neighbours, -1 padded) and
-    how many are not the query's own row ``qself[q]``.
+    ``keeps[j]`` (0: all), which of ``truth[q]`` (true neighbours in rank order, -1 padded)
+    are among them and how many are not the query's own row ``qself[q]``.
 
-    Returns hits, reranked: int64 (len(ms), len(ws), len(keeps)), summed over queries.
+    Returns hits: int64 (len(ms), len(ws), len(keeps), truth.shape[1]), the hits of each true
+    neighbour rank summed over queries (their sum over the last axis is recall@k's numerator;
+    by rank, a merged answer over several segments is predicted, see
+    `lshdist.index.calibrate.rank_weights`), and reranked: int64 (len(ms), len(ws),
+    len(keeps)), summed over queries.
     """
     Q, M, T = full.shape
     w_max = T // 2
@@ -305,17 +309,19 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
                     N = full[q, m, t] + 1
     mark = np.full(max(N, 1), -1, dtype=np.int64)
     good = np.full(max(N, 1), -1, dtype=np.int64)
+    rank = np.zeros(max(N, 1), dtype=np.int64)
     buf = np.empty(M * T, dtype=np.int64)
     hb = np.empty(M * T, dtype=np.int64)
     srt = np.empty(M * T, dtype=np.int64)
     count = np.zeros(n_bits + 2, dtype=np.int64)
-    hits = np.zeros((nm, nw, nk), dtype=np.int64)
+    hits = np.zeros((nm, nw, nk, truth.shape[1]), dtype=np.int64)
     reranked = np.zeros((nm, nw, nk), dtype=np.int64)
     stamp = 0
     for q in range(Q):
         for t in range(truth.shape[1]):
-            if 0 <= truth[q, t] < N:
+            if 0 <= truth[q, t] < N and good[truth[q, t]] != q:  # a repeated row: first rank
                 good[truth[q, t]] = q
+                rank[truth[q, t]] = t
         for a in range(nm):
             mm = ms[a]
             for b in range(nw):
@@ -340,14 +346,12 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
                     count[hb[t]] += 1
                 for j in range(nk):
                     lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
-                    hh = 0
                     s = 0
                     for t in range(lim):
                         r = srt[t]
                         if good[r] == q:
-                            hh += 1
+                            hits[a, b, j, rank[r]] += 1
                         if r == qself[q]:
                             s += 1
-                    hits[a, b, j] += hh
                     reranked[a, b, j] += lim - s
     return hits, reranked

@@ -29,6 +29,7 @@ from lshdist.cluster.pipeline import (
     _progress,
     _remove_segments,
     _with_segments,
+    load_segments,
     plan_build,
 )
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
@@ -261,8 +262,7 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
     family_f = client.submit(make_family, fam["name"], d, m["bits"], m["seed"], fam["samples"],
                              pure=False, retries=2)
     client.replicate([family_f])
-    segs = [client.submit(tasks.load_segment, str(plan.index), e, m, pure=False, retries=2)
-            for e in m["segments"]]
+    segs = load_segments(client, str(plan.index), m)
     held: list[Any] = [family_f, *segs]
     try:
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),

@@ -323,9 +323,12 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
         else:
             fixed = {"permutations": lists if (cfg.permutations or cfg.epsilon) else None,
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
+            weights = _rank_weights(client, fits, family_f, cfg.k, stall, data=path,
+                                    shards=plan.segments[0], queries=cfg.calibration_queries,
+                                    seed=cfg.seed, held=held)
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
-                                  cfg.calibration_queries, pure=False, retries=2)
+                                  cfg.calibration_queries, weights, pure=False, retries=2)
             held.append(cal_f)
             for _ in _progress([cal_f], "calibrate", stall):
                 pass
@@ -351,6 +354,33 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
     client.cancel(held)
     return entries, {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
                      "window": window, "hamming_keep": hkeep}
+
+
+def _rank_weights(client: Any, segments: Sequence[Any], family_f: Any, k: int, stall: float, *,
+                  data: str | None, shards: tuple[int, int] | None, queries: str | None,
+                  seed: int, held: list[Any]) -> tuple[Any, Any] | None:
+    """Where the true neighbours of the merged answer rank within their own segment
+    (`lshdist.index.calibrate.rank_weights`), from the exact neighbours of the calibration
+    sample in every segment (one scan task per segment, ``SAMPLE_QUERIES / Q`` of a full
+    scan); None for a single searched segment (recall@k of that segment).  A true neighbour
+    is usually among the first few of its own segment: calibrating the merged answer's
+    recall instead of each segment's recall@k lets every segment search less."""
+    sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed, pure=False,
+                             retries=2)
+    nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, pure=False,
+                         retries=2) for seg in segments]
+    held += [sample_f, *nbr]
+    for _ in _progress(nbr, "neighbours", stall):
+        pass
+    parts = [f.result() for f in nbr]
+    if sum(len(p) for p in parts) < 2:
+        return None
+    _, own = sample_f.result()
+    first = client.submit(tasks.calibrated_part, segments[0], pure=False).result()
+    weights, relevant = tasks.merged_rank_weights(parts, own, k, first)
+    log.info("true neighbours by rank within their segment (%d searched): %s",
+             sum(len(p) for p in parts), " ".join(f"{w:.2f}" for w in weights))
+    return weights, relevant
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,
@@ -461,10 +491,9 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
     cfg, manifest, qds = plan.cfg, plan.manifest, plan.queries
     family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
                                 seed=manifest["seed"], learned=manifest["learned"])
-    segs = [client.submit(tasks.load_segment, str(plan.index), e, manifest, pure=False,
-                          retries=2) for e in manifest["segments"]]
+    segs = load_segments(client, str(plan.index), manifest)
     if plan.recalibrate:
-        plan = _calibrated_on_queries(client, plan, segs[0], family_f, stall)
+        plan = _calibrated_on_queries(client, plan, segs, family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
     window = in_flight or 2 * n_workers
     chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
@@ -482,16 +511,51 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
             "operating_point": plan.op}
 
 
-def _calibrated_on_queries(client: Any, plan: QueryPlan, seg0: Any, family_f: Any,
+def spread(sizes: Sequence[int], workers: Sequence[str]) -> list[str | None]:
+    """A worker for each segment: largest first onto the least loaded (by rows), so that every
+    worker holds about the same share of the index (a query chunk's searches run where their
+    segment is; left to the scheduler, two 500,000-row segments of a 2-worker cluster were
+    loaded by one worker, which then did all the searching).  None without workers."""
+    if not workers:
+        return [None] * len(sizes)
+    load = dict.fromkeys(workers, 0)
+    out: list[str | None] = [None] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        w = min(workers, key=lambda w: (load[w], workers.index(w)))
+        out[i] = w
+        load[w] += int(sizes[i])
+    return out
+
+
+def load_segments(client: Any, index: str, manifest: dict[str, Any]) -> list[Any]:
+    """Futures of an index's segments, loaded spread over the workers (`spread`; a worker
+    that leaves is replaced by any other: the placement is a preference)."""
+    entries = manifest["segments"]
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    where = spread([int(e["rows"]) for e in entries], workers)
+    return [client.submit(tasks.load_segment, index, e, manifest, pure=False, retries=2,
+                          workers=None if w is None else [w], allow_other_workers=True)
+            for e, w in zip(entries, where)]
+
+
+def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], family_f: Any,
                            stall: float) -> QueryPlan:
     """The plan with the operating point of a calibration on a sample of its queries (against
-    the first segment, as a build calibrates; per-segment parameters from it)."""
+    the first segment, as a build calibrates, for the merged answer of all ``segs``;
+    per-segment parameters from it)."""
     old = Calibration.from_json(plan.manifest["calibration"])
     target = plan.cfg.target_recall if plan.cfg.target_recall is not None else old.target
     fixed = old.extra.get("fixed") or {}
-    f = client.submit(tasks.calibrate_on_queries, seg0, str(plan.queries.path), family_f,
-                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), pure=False,
-                      retries=2)
+    held: list[Any] = []
+    try:
+        weights = _rank_weights(client, segs, family_f, plan.cfg.k, stall, data=None,
+                                shards=None, queries=str(plan.queries.path),
+                                seed=int(plan.manifest["seed"]), held=held)
+    finally:
+        client.cancel(held)
+    f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,
+                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), weights,
+                      pure=False, retries=2)
     for _ in _progress([f], "calibrate", stall):
         pass
     cal = Calibration.from_json(f.result())

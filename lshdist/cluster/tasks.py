@@ -55,16 +55,19 @@ def _metric(family: HashFamily) -> Metric:
 def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int, int],
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
-                      queries_path: str | None = None) -> dict[str, Any]:
+                      queries_path: str | None = None,
+                      weights: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """Calibrate a fitted segment on a sample of the dataset ``queries_path``
-    (`calibrate_on_queries`), or of its own rows (leave-one-out); returns the calibration as
-    JSON (it goes into the index manifest)."""
+    (`calibrate_on_queries`), or of its own rows (leave-one-out); ``weights``: the
+    `rank_weights` of the index's segments (`merged_rank_weights`; None: one segment).
+    Returns the calibration as JSON (it goes into the index manifest)."""
     if queries_path is not None:
-        return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed)
+        return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed,
+                                    weights)
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed)
+                          target=target, seed=seed, fixed=fixed, weights=weights)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=None)  # what the user fixed; the rows sampled
     return out
@@ -72,22 +75,75 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
 
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
-                         fixed: dict[str, int | None], seed: int) -> dict[str, Any]:
+                         fixed: dict[str, int | None], seed: int,
+                         weights: tuple[np.ndarray, np.ndarray] | None = None
+                         ) -> dict[str, Any]:
     """Calibrate a segment (its largest part, if packed) on a sample of the dataset
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
     bulk query; returns the calibration as JSON, naming the dataset sampled."""
-    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
-
-    part = max(parts_of(segment), key=len)
-    qds = Dataset(queries_path)
-    queries = qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed))
+    part = parts_of(segment)[calibrated_part(segment)]
+    queries, _ = calibration_sample(None, None, queries_path, seed)
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
     cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
-                          seed=seed, fixed=fixed, queries=queries)
+                          seed=seed, fixed=fixed, queries=queries, weights=weights)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=queries_path)
     return out
+
+
+def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
+                       queries_path: str | None, seed: int) -> tuple[Any, np.ndarray | None]:
+    """The rows a calibration queries with — the sample `calibrate_index` takes: of the
+    dataset ``queries_path``, or (leave-one-out) of the first segment's rows ``shards`` of
+    ``data_path``; returns them and, leave-one-out, their ids (left out of their answers)."""
+    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
+
+    if queries_path is not None:
+        qds = Dataset(queries_path)
+        return qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed)), None
+    if data_path is None or shards is None:
+        raise InputError("a calibration sample needs the queries or the first segment's rows")
+    ds = Dataset(data_path)
+    start, stop = (int(ds.shard_bounds[i]) for i in shards)
+    rows = start + sample_rows(stop - start, SAMPLE_QUERIES, seed)
+    return ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)
+
+
+def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
+                       family: HashFamily, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The exact ``k + 1`` nearest rows (distances, ids; ids -1 past a small part's end) of
+    the calibration sample (`calibration_sample`) within each searched part of a segment: the
+    input of `lshdist.index.calibrate.rank_weights`."""
+    from lshdist.index.scan import scan_topk
+
+    rows, _ = sample
+    _, qpayload = encode(_metric(family), family, rows, query=True)
+    out = []
+    for part in parts_of(segment):
+        m = min(k + 1, len(part))
+        D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_)
+        pad = k + 1 - m
+        out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
+                    np.pad(I, ((0, 0), (0, pad)), constant_values=-1)))
+    return out
+
+
+def calibrated_part(segment: PermutationIndex | PackedSegment) -> int:
+    """The part of a segment that calibration measures: its largest (the first of those)."""
+    sizes = [len(p) for p in parts_of(segment)]
+    return sizes.index(max(sizes))
+
+
+def merged_rank_weights(parts: Sequence[list[tuple[np.ndarray, np.ndarray]]],
+                        own: np.ndarray | None, k: int, calibrated: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """`rank_weights` of every searched part's `segment_neighbours` (driver side), for the
+    ``calibrated``-th part of the first segment."""
+    from lshdist.index.calibrate import rank_weights
+
+    flat = [p for seg in parts for p in seg]
+    return rank_weights([d for d, _ in flat], [i for _, i in flat], k, own, calibrated)
 
 
 def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,

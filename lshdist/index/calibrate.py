@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,9 @@ class Point:
     reranked: float  # rows whose exact distance is computed, mean per query
     fraction_searched: float
     seconds_per_query: float | None = None  # measured with the real search (None: not timed)
+    #: the fraction of the sample's j-th exact neighbours (j = 1..k, within the calibrated
+    #: segment) that the point re-ranks; ``recall`` is their `rank_weights`-weighted mean
+    rank_recall: tuple[float, ...] | None = None
 
     def cost(self, width: float) -> float:
         """A deterministic proxy of the search time per query, in units of one number read by
@@ -98,8 +101,8 @@ class Calibration:
     @classmethod
     def from_json(cls, d: Any, *, where: str = "calibration") -> Calibration:
         try:
-            points = tuple(Point(**p) for p in d["points"])
-            chosen = None if d["chosen"] is None else Point(**d["chosen"])
+            points = tuple(_point(p) for p in d["points"])
+            chosen = None if d["chosen"] is None else _point(d["chosen"])
             cal = cls(k=int(d["k"]), target=float(d["target"]), n_database=int(d["n_database"]),
                       n_queries=int(d["n_queries"]),
                       scan_seconds_per_query=float(d["scan_seconds_per_query"]),
@@ -121,23 +124,81 @@ class Calibration:
         if self.chosen is not None:
             return self.chosen
         timed = self.extra.get("timed")
-        return Point(**timed) if isinstance(timed, dict) else None
+        return _point(timed) if isinstance(timed, dict) else None
 
     def point_for(self, target: float, max_permutations: int) -> tuple[str, Point | None, str]:
         """Another operating point of the same curve (a query-time target): the cheapest that
         reaches it among those the index's lists allow; its time is estimated from the
         chosen point's measured time in proportion to `Point.cost`."""
         pts = [p for p in self.points if p.permutations <= max_permutations]
-        p = choose_point(pts, target, self.width, recall_margin(target, self.n_queries, self.k))
+        rows = self.extra.get("rows_measured")
+        margin = (recall_margin(target, int(rows), 1) if isinstance(rows, int) and rows > 0
+                  else recall_margin(target, self.n_queries, self.k))
+        p = choose_point(pts, target, self.width, margin)
         if p is None:
             return "scan", None, _no_point(pts, target)
         ref = self.reference
         if ref is None or ref.seconds_per_query is None:
             return "hash", p, "no timing recorded; hashed search"
         est = ref.seconds_per_query * p.cost(self.width) / max(ref.cost(self.width), 1.0)
-        p = Point(p.permutations, p.window, p.hamming_keep, p.recall, p.reranked,
-                  p.fraction_searched, est)
+        p = replace(p, seconds_per_query=est)
         return decide_mode(p, self.scan_seconds_per_query)
+
+
+def _point(d: dict[str, Any]) -> Point:
+    rr = d.get("rank_recall")
+    return Point(**{**d, "rank_recall": None if rr is None else tuple(float(x) for x in rr)})
+
+
+def rank_weights(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
+                 own: np.ndarray | None = None, calibrated: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Which true neighbours of a merged answer each segment must find, by rank within it.
+
+    An index of S segments answers a query with the best k of each segment's candidates, so
+    a true top-k neighbour is found if its own segment re-ranks it — and there it ranks
+    ``j <= its global rank``: with S segments most true neighbours are among the first few of
+    their segment, which a cheaper operating point finds.  ``dists[s]``, ``ids[s]`` (Q, m):
+    the exact nearest rows of a sample of queries within segment s, ascending (padding: id
+    -1); ``own`` (Q,): each query's own row id, left out (leave-one-out calibration), or None.
+
+    Returns ``(w, relevant)``: w (k,) the fraction of the merged true top-k that ranks j-th
+    (j = 1..k) within its segment; relevant (Q, k) bool: whether the j-th row (own row left
+    out) of segment ``calibrated`` is in the merged true top-k — the rows whose hit rate, by
+    rank, `calibrate` measures (a segment's j-th row that is also a global neighbour is
+    nearer than its j-th row in general, and easier to find).  With one segment w = 1/k and
+    every row is relevant: the merged recall is recall@k.  Measured, not modelled: data whose
+    near neighbours sit in one segment (appended by day, say) keeps the weight on the higher
+    ranks it really has.
+    """
+    if not dists:
+        raise InputError("rank weights need at least one segment")
+    Q = dists[0].shape[0]
+    all_d, all_r, all_s = [], [], []
+    for s, (D, I) in enumerate(zip(dists, ids)):
+        D = np.where(I >= 0, np.asarray(D, np.float64), np.inf)
+        if own is not None:
+            D = np.where(np.asarray(own, np.int64)[:, None] == I, np.inf, D)
+        # ranks within the segment once the left-out rows are gone (D ascending per row)
+        valid = np.isfinite(D)
+        all_r.append(np.where(valid, np.cumsum(valid, axis=1) - 1, k))
+        all_d.append(D)
+        all_s.append(np.full(D.shape, s))
+    D = np.concatenate(all_d, axis=1)
+    R = np.concatenate(all_r, axis=1)
+    seg = np.concatenate(all_s, axis=1)
+    order = np.argsort(D, axis=1, kind="stable")[:, :k]
+    top_d = np.take_along_axis(D, order, axis=1)
+    top_r = np.take_along_axis(R, order, axis=1)
+    top_s = np.take_along_axis(seg, order, axis=1)
+    good = np.isfinite(top_d) & (top_r < k)
+    relevant = np.zeros((Q, k), dtype=bool)
+    q_idx = np.nonzero(good & (top_s == calibrated))
+    relevant[q_idx[0], top_r[q_idx]] = True
+    counts = np.bincount(top_r[good], minlength=k)[:k].astype(np.float64)
+    if counts.sum() == 0:
+        return np.full(k, 1.0 / k), relevant
+    return counts / counts.sum(), relevant
 
 
 def recall_margin(target: float, n_queries: int, k: int) -> float:
@@ -190,8 +251,7 @@ def select(points: Sequence[Point], target: float, scan_seconds: float, width: f
     p = choose_point(points, target, width, margin)
     if p is None:
         return "scan", None, _no_point(points, target)
-    p = Point(p.permutations, p.window, p.hamming_keep, p.recall, p.reranked,
-              p.fraction_searched, time_point(p))
+    p = replace(p, seconds_per_query=time_point(p))
     return decide_mode(p, scan_seconds)
 
 
@@ -207,12 +267,17 @@ def grid_permutations(m_max: int) -> list[int]:
 def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qpayload: Any,
               *, k: int, target: float, permutations: Sequence[int] | None = None,
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
-              hash_overhead: float = 0.0,
+              hash_overhead: float = 0.0, weights: np.ndarray | None = None,
+              relevant: np.ndarray | None = None,
               timer: Callable[[], float] = time.perf_counter) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
     ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
     gave (default: the grids above); ``hash_overhead`` (seconds per query) is added to the
-    hashed search's time (hashing the query, which the scan does not need)."""
+    hashed search's time (hashing the query, which the scan does not need).  ``weights``,
+    ``relevant`` (`rank_weights`): the index is one of several segments whose answers are
+    merged, and recall is the merged answer's — the hit rate, rank by rank, of this
+    segment's rows that are true neighbours of the merged answer, weighted by where those
+    rank (default: one segment, recall@k)."""
     t_start = timer()
     N = len(index)
     Q = len(qrows)
@@ -243,9 +308,23 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         raise InputError(f"calibration asks for {max(ms)} lists, the index has "
                          f"{index.n_permutations_}")
     width = float(getattr(qpayload, "width", 1))
-    margin = recall_margin(target, Q, ks)
+    w_rank = np.full(ks, 1.0 / ks) if weights is None else np.asarray(weights, np.float64)[:ks]
+    rel = np.ones((Q, ks), bool) if relevant is None else np.asarray(relevant, bool)[:, :ks]
+    if w_rank.shape != (ks,) or rel.shape != (Q, ks) or (w_rank < 0).any():
+        raise InputError(f"rank weights must be {ks} non-negative numbers and the relevant "
+                         f"rows ({Q}, {ks}) (got {w_rank.shape}, {rel.shape})")
+    counts = rel.sum(0).astype(np.float64)  # the rows whose hit rate is measured, per rank
+    w_rank = np.where(counts > 0, w_rank, 0.0)  # a rank this segment never holds: no estimate
+    if not w_rank.sum() > 0:
+        w_rank, rel, counts = np.full(ks, 1.0 / ks), np.ones((Q, ks), bool), np.full(ks, Q)
+    w_rank = w_rank / w_rank.sum()
+    # the standard error of the merged recall, from the rows measured (n queries x k for one
+    # segment; fewer with many segments, where the target needs a wider margin)
+    margin = recall_margin(target, int(counts.sum()), 1)
+    kernel_truth = np.where(rel, truth, -1)
     while True:
-        points = _grid(index, qrows, qcodes, truth, ms, ws, hs, k=ks)
+        points = _grid(index, qrows, qcodes, kernel_truth, ms, ws, hs, k=ks, weights=w_rank,
+                       counts=counts)
         # a larger database needs wider windows for the same recall (the lists hold more
         # rows between a query and its neighbours): when no point of the grid reaches the
         # target, the windows are doubled, up to MAX_WINDOW (not when W was given)
@@ -264,14 +343,15 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         return (timer() - t0) / nt + hash_overhead
 
     mode, chosen, reason = select(points, target, scan_s, width, time_point, margin)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"rank_weights": [round(float(x), 6) for x in w_rank],
+                             "rows_measured": int(counts.sum()), "margin": margin}
     if chosen is None and mode == "scan":
         best = choose_point(points, min(target, max((p.recall for p in points), default=1.0)),
                             width)
         if best is not None:  # keep a timed reference for query-time targets
-            best = Point(best.permutations, best.window, best.hamming_keep, best.recall,
-                         best.reranked, best.fraction_searched, time_point(best))
-            extra["timed"] = asdict(best)
+            best = replace(best, seconds_per_query=time_point(best))
+            extra["timed"] = {**asdict(best), "rank_recall": None if best.rank_recall is None
+                              else list(best.rank_recall)}
     return Calibration(k=ks, target=target, n_database=N, n_queries=Q,
                        scan_seconds_per_query=scan_s, points=tuple(points), mode=mode,
                        chosen=chosen, reason=reason, width=width, seconds=timer() - t_start,
@@ -279,9 +359,10 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
 
 
 def _grid(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, truth: np.ndarray,
-          ms: Sequence[int], ws: Sequence[int], hs: Sequence[int], *, k: int) -> list[Point]:
-    """Recall and rows re-ranked of every (M', W', H) of the grid, exactly, from one candidate
-    array of the largest M and W."""
+          ms: Sequence[int], ws: Sequence[int], hs: Sequence[int], *, k: int,
+          weights: np.ndarray, counts: np.ndarray) -> list[Point]:
+    """Recall (by true neighbour rank, and merged with ``weights``) and rows re-ranked of every
+    (M', W', H) of the grid, exactly, from one candidate array of the largest M and W."""
     Q, N = len(qrows), len(index)
     m_max, w_max = max(ms), max(ws)
     full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
@@ -299,7 +380,9 @@ def _grid(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, truth:
                 if kept in seen:
                     continue  # H at or beyond every query's candidates: the same point
                 seen.add(kept)
-                points.append(Point(m, w, int(h), float(hit) / (Q * k), kept, kept / N))
+                by_rank = hit / np.maximum(counts, 1.0)
+                points.append(Point(m, w, int(h), float(by_rank @ weights), kept, kept / N,
+                                    rank_recall=tuple(round(float(x), 6) for x in by_rank)))
     return points
 
 

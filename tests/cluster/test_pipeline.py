@@ -363,3 +363,12 @@ def test_oversized_permutation_lists_are_refused_before_any_cluster(letter_job, 
     assert e.value.code == 2
     assert "expected an integer in 1..4096" in capsys.readouterr().err
     assert not (tmp_path / "idx").exists()
+
+
+def test_segments_are_spread_over_the_workers_by_rows():
+    from lshdist.cluster.pipeline import spread
+
+    assert spread([500, 500, 20], ["a", "b"]) == ["a", "b", "a"]
+    assert spread([100] * 5, ["a", "b"]) == ["a", "b", "a", "b", "a"]
+    assert spread([10, 300, 200, 90], ["a", "b"]) == ["b", "a", "b", "b"]
+    assert spread([1, 2], []) == [None, None]
