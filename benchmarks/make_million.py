@@ -73,14 +73,18 @@ def exact_topk(db: Dataset, Q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarr
     return best_i, best_d.astype(np.float32)
 
 
-def make(out: Path = DEFAULT_OUT, *, overwrite: bool = False) -> tuple[Dataset, Dataset, dict]:
-    """Write (or reuse) ``out/train``, ``out/test`` and ``out/truth.npz``."""
+def make(out: Path = DEFAULT_OUT, *, overwrite: bool = False, variants: int | None = None
+         ) -> tuple[Dataset, Dataset, dict]:
+    """Write (or reuse) ``out/train``, ``out/test`` and ``out/truth.npz``; ``variants``: only
+    the first that many database variants (60,000 rows each; the smaller sizes of the scale
+    benchmark), default all 17."""
+    shifts = DB_SHIFTS[: variants or len(DB_SHIFTS)]
     split = load_fashion_mnist()
     Xtr = np.asarray(split.X_train, np.float32)
     ytr = np.asarray(split.y_train)
     n_img, d = Xtr.shape
-    n = n_img * len(DB_SHIFTS)
-    attrs = {"million_version": VERSION, "db_shifts": DB_SHIFTS, "source": "fashion-mnist train"}
+    n = n_img * len(shifts)
+    attrs = {"million_version": VERSION, "db_shifts": shifts, "source": "fashion-mnist train"}
     train, test, truth_p = out / "train", out / "test", out / "truth.npz"
     if not overwrite and train.exists() and test.exists() and truth_p.exists():
         ds, qs = Dataset(train), Dataset(test)
@@ -93,7 +97,7 @@ def make(out: Path = DEFAULT_OUT, *, overwrite: bool = False) -> tuple[Dataset, 
     per = n_img // SHARD_ROWS
 
     def shards():
-        for dx, dy in DB_SHIFTS:
+        for dx, dy in shifts:
             V = shift(Xtr, dx, dy)
             for j in range(per):
                 sl = slice(j * SHARD_ROWS, (j + 1) * SHARD_ROWS)
@@ -124,8 +128,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--variants", type=int, default=None,
+                   help="database variants (60,000 rows each; default all 17)")
     a = p.parse_args()
-    make(a.out, overwrite=a.overwrite)
+    make(a.out, overwrite=a.overwrite, variants=a.variants)
 
 
 if __name__ == "__main__":
