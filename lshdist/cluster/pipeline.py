@@ -325,7 +325,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
             weights = _rank_weights(client, fits, family_f, cfg.k, stall, data=path,
                                     shards=plan.segments[0], queries=cfg.calibration_queries,
-                                    seed=cfg.seed, held=held)
+                                    seed=cfg.seed, held=held, n_parts=len(fits))
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
                                   cfg.calibration_queries, weights, pure=False, retries=2)
@@ -358,13 +358,16 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
 
 def _rank_weights(client: Any, segments: Sequence[Any], family_f: Any, k: int, stall: float, *,
                   data: str | None, shards: tuple[int, int] | None, queries: str | None,
-                  seed: int, held: list[Any]) -> tuple[Any, Any] | None:
+                  seed: int, held: list[Any], n_parts: int) -> tuple[Any, Any] | None:
     """Where the true neighbours of the merged answer rank within their own segment
     (`lshdist.index.calibrate.rank_weights`), from the exact neighbours of the calibration
     sample in every segment (one scan task per segment, ``SAMPLE_QUERIES / Q`` of a full
     scan); None for a single searched segment (recall@k of that segment).  A true neighbour
     is usually among the first few of its own segment: calibrating the merged answer's
-    recall instead of each segment's recall@k lets every segment search less."""
+    recall instead of each segment's recall@k lets every segment search less.  ``n_parts``:
+    the parts searched (a packed segment searches each of its parts)."""
+    if n_parts < 2:
+        return None
     sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed, pure=False,
                              retries=2)
     nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, pure=False,
@@ -550,7 +553,9 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     try:
         weights = _rank_weights(client, segs, family_f, plan.cfg.k, stall, data=None,
                                 shards=None, queries=str(plan.queries.path),
-                                seed=int(plan.manifest["seed"]), held=held)
+                                seed=int(plan.manifest["seed"]), held=held,
+                                n_parts=sum(len(e.get("parts", [e]))
+                                            for e in plan.manifest["segments"]))
     finally:
         client.cancel(held)
     f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,

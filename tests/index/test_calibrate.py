@@ -342,3 +342,22 @@ def test_rank_weights_leave_the_query_out_and_take_one_segment_as_recall_at_k():
     Ip = np.array([[10, -1, -1, -1]])
     w, rel = rank_weights([D, Db], [I, Ip], 4, calibrated=1)
     assert np.allclose(w, [0.5, 0.25, 0.25, 0]) and rel.tolist() == [[True, False, False, False]]
+
+
+def test_short_timings_are_repeated_and_the_fastest_kept():
+    """A hash-or-scan decision on a tiny database compares runs of a few microseconds: one
+    run measures the machine's noise.  Catches: a single timing, the mean instead of the
+    best, repeating long runs."""
+    from lshdist.index.calibrate import _best_of
+
+    clock = [0.0]
+    durations = iter([0.004, 0.001, 0.003, 0.002, 0.006, 0.009, 0.009, 0.009])
+    calls = []
+
+    def run():
+        calls.append(1)
+        clock[0] += next(durations)
+
+    assert _best_of(0.005, run, lambda: clock[0]) == pytest.approx(0.001)
+    assert len(calls) == 5  # 0.005 + 0.004 + 0.001 + 0.003 + 0.002 + 0.006 > 0.02: stop
+    assert _best_of(0.5, run, lambda: clock[0]) == 0.5 and len(calls) == 5
