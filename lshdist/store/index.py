@@ -167,9 +167,10 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
         # (half of a segment's build, measured) than the space it saves
         raw = key in _UNCOMPRESSED
         a = np.ascontiguousarray(a)
-        if key in ("sorted_rows", "sorted_prefix"):  # (M, N): a chunk is one list or a run
-            chunks: tuple[int, ...] = (1, max(1, min(a.shape[1], _CHUNK_BYTES // a.itemsize)))
-        else:
+        if key in ("sorted_rows", "sorted_prefix") and a.shape[1] * a.itemsize > _CHUNK_BYTES:
+            # (M, N): long lists in runs of one list (a chunk of several would be strided)
+            chunks: tuple[int, ...] = (1, max(1, _CHUNK_BYTES // a.itemsize))
+        else:  # whole rows: several short lists per chunk (zarr pays per chunk)
             chunks = _chunks(a)
         g.create_array(key, data=a, chunks=chunks, compressors=None if raw else _PAYLOAD_CODEC)
     g.attrs.update({"payload": index.payload_.kind, "bits": index.bits_})
