@@ -67,23 +67,26 @@ def worker_rss(client) -> dict:
 
 
 def queries_subset(qs, n: int, where: Path):
-    """A dataset of the first ``n`` query rows (reused)."""
+    """A dataset of ``n`` query rows drawn at random (`make_million.query_order`: they hold the
+    truth sample), ids kept (reused when present)."""
     from lshdist.store.dataset import Dataset, write_dataset
 
     if n >= qs.n:
         return qs
+    rows = np.sort(make_million.query_order(qs.n)[:n])
+    ids = qs.ids()[rows]
     if where.exists():
         d = Dataset(where)
-        if d.n == n:
+        if d.n == n and np.array_equal(d.ids(), ids):
             return d
-    X = qs.read_rows(0, n)
-    y = qs.labels()[:n]
-    return write_dataset(where, np.asarray(X, np.float32), y, classes=qs.classes,
+    X = qs.read_row_set(rows)
+    y = qs.labels()[rows]
+    return write_dataset(where, np.asarray(X, np.float32), y, classes=qs.classes, ids=ids,
                          shard_rows=20_000, overwrite=where.exists())
 
 
 def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path | None,
-                learn_too: bool):
+                learn_too: bool, segment_rows: int | None = None, tag: str = ""):
     """Learn (optional), index and query each of ``qsets`` on a fresh ``workers``-worker
     cluster; returns the stage rows."""
     from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
@@ -102,12 +105,14 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
         save_model(model, metric, params=params, seed=0, overwrite=model.exists())
         out["learn s"] = time.perf_counter() - t0
         out["metric"] = params.get("selected", "?")
-    index = size_dir / "index"
+    index = size_dir / f"index{tag}"
     t0 = time.perf_counter()
     with client_from_config(ClusterConfig(workers=workers)) as client:
         out["cluster start s"] = time.perf_counter() - t0
-        if learn_too:
+        if learn_too or segment_rows:
             cfg = dataclasses.replace(IndexConfig(), calibration_queries=str(qsets[0].path))
+            if segment_rows:
+                cfg = dataclasses.replace(cfg, segment_rows=segment_rows)
             t0 = time.perf_counter()
             plan = plan_build(data=str(ds.path), model=str(model), out=str(index), cfg=cfg,
                               overwrite=index.exists())
@@ -118,14 +123,15 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
             out["calibration"] = cal.get("reason")
             out["index bytes/item"] = du(index) / ds.n
         for qset in qsets:
-            res = size_dir / f"results-{qset.n}"
+            res = size_dir / f"results{tag}-{qset.n}"
             t0 = time.perf_counter()
             qp = plan_query(index=str(index), queries=str(qset.path), out=str(res),
                             cfg=QueryConfig(), overwrite=res.exists())
             info = run_query(client, qp)
             tq = time.perf_counter() - t0
-            _, nb, _, cand = read_results(res, qset.ids())
-            rec = recall_at_k(np.asarray(nb[:TRUTH], np.int64), truth["ids"], K)
+            qid, nb, _, cand = read_results(res, qset.ids())
+            pos = np.searchsorted(np.asarray(qid), qs_ids_of_truth(truth, qset))
+            rec = recall_at_k(np.asarray(nb[pos], np.int64), truth["ids"], K)
             op = info["operating_point"]
             out[f"query {qset.n} s"] = tq
             out[f"query {qset.n} recall@10"] = rec
@@ -136,6 +142,12 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
                   f"{out[f'query {qset.n} setting']}", flush=True)
         out["peak RSS per worker GiB"] = max(worker_rss(client).values()) / 2**30
     return out, model
+
+
+def qs_ids_of_truth(truth, qset) -> np.ndarray:
+    """The ids (in the full query set) of the truth sample's queries: query ids are row
+    numbers of the full query set (make_million writes them 0..n-1)."""
+    return np.asarray(truth["queries"], np.int64)
 
 
 def dask_scan(ds, Q, workers: int) -> tuple[float, np.ndarray]:
@@ -260,6 +272,15 @@ def main():
                                  learn_too=False)
             lsh["1 worker: query s"] = one[f"query {Qn} s"]
             lsh["1 worker: peak RSS GiB"] = one["peak RSS per worker GiB"]
+            # segments sized to the workers (N / 2 rows, whole shards) instead of 100,000 rows
+            per = run_lshdist(ds, qsets[:1], size_dir, truth, workers=2, model=model,
+                              learn_too=False, segment_rows=-(-N // 2), tag="-per-worker")[0]
+            lsh["segments per worker: index s"] = per["index s"]
+            lsh["segments per worker: segments"] = per["segments"]
+            lsh["segments per worker: query s"] = per[f"query {Qn} s"]
+            lsh["segments per worker: recall@10"] = per[f"query {Qn} recall@10"]
+            lsh["segments per worker: setting"] = per[f"query {Qn} setting"]
+            shutil.rmtree(size_dir / "index-per-worker", ignore_errors=True)
         total = lsh["learn s"] + lsh["index s"] + lsh[f"query {Qn} s"]
         stage_rows.append({"N": N, "Q": Qn, **lsh, "learn + index + query s": total})
         print(f"  lshdist: {stage_rows[-1]}", flush=True)
@@ -268,7 +289,8 @@ def main():
 
         metric, _ = load_model(model)
         learned = not bool(getattr(metric, "is_identity", False))
-        Q_truth = np.ascontiguousarray(qs_all.read_rows(0, TRUTH), np.float32)
+        Q_truth = np.ascontiguousarray(qs_all.read_row_set(np.asarray(truth["queries"])),
+                                       np.float32)
         t_dask, idx = dask_scan(ds, Q_truth[:DASK_Q], 2)
         X = np.ascontiguousarray(ds.read_all(), np.float32)
         Z, Zq = (metric.transform(X), metric.transform(Q_truth)) if learned else (X, Q_truth)
