@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lshdist.cluster import tasks
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
@@ -323,12 +325,14 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
         else:
             fixed = {"permutations": lists if (cfg.permutations or cfg.epsilon) else None,
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
-            weights = _rank_weights(client, fits, family_f, cfg.k, stall, data=path,
-                                    shards=plan.segments[0], queries=cfg.calibration_queries,
-                                    seed=cfg.seed, held=held, n_parts=len(fits))
+            pooled = _merged_grid(client, fits, family_f, cfg.k, cfg.target_recall, fixed,
+                                  stall, data=path, shards=plan.segments[0],
+                                  queries=cfg.calibration_queries, seed=cfg.seed, held=held,
+                                  n_parts=len(fits), n_rows=plan.data.n)
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
-                                  cfg.calibration_queries, weights, pure=False, retries=2)
+                                  cfg.calibration_queries, None, pooled, pure=False,
+                                  retries=2)
             held.append(cal_f)
             for _ in _progress([cal_f], "calibrate", stall):
                 pass
@@ -356,16 +360,33 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
                      "window": window, "hamming_keep": hkeep}
 
 
-def _rank_weights(client: Any, segments: Sequence[Any], family_f: Any, k: int, stall: float, *,
-                  data: str | None, shards: tuple[int, int] | None, queries: str | None,
-                  seed: int, held: list[Any], n_parts: int) -> tuple[Any, Any] | None:
-    """Where the true neighbours of the merged answer rank within their own segment
-    (`lshdist.index.calibrate.rank_weights`), from the exact neighbours of the calibration
-    sample in every segment (one scan task per segment, ``SAMPLE_QUERIES / Q`` of a full
-    scan); None for a single searched segment (recall@k of that segment).  A true neighbour
-    is usually among the first few of its own segment: calibrating the merged answer's
-    recall instead of each segment's recall@k lets every segment search less.  ``n_parts``:
-    the parts searched (a packed segment searches each of its parts)."""
+def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, target: float,
+                 fixed: dict[str, Any], stall: float, *, data: str | None,
+                 shards: tuple[int, int] | None, queries: str | None, seed: int,
+                 held: list[Any], n_parts: int, n_rows: int
+                 ) -> tuple[list[Any], int, list[float]] | None:
+    """The calibration grid of the merged answer of several segments, measured over all of
+    them; None for a single searched part (its own recall@k is the answer's).
+
+    One scan task per segment finds the calibration sample's exact neighbours in each part
+    (``SAMPLE_QUERIES / Q`` of a full scan); the driver merges them to the true top-k and
+    marks, per part, its rows that are true neighbours (`merged_relevance`); one grid task per
+    segment counts, for every (M', W', H), how many of its marked rows it re-ranks
+    (`grid_counts`); the sums give each point's recall of the merged answer and its rows
+    re-ranked per query over all segments (`pooled_points`) — exactly, for the sample, with
+    no assumption that the segments are alike.  A true neighbour is usually among the first
+    few of its own segment, so every segment searches less than for its own recall@k.
+    Windows double while no point reaches the target, as in `calibrate`."""
+    from lshdist.index.calibrate import (
+        HAMMING_FACTORS,
+        MAX_WINDOW,
+        WINDOWS,
+        grid_permutations,
+        merged_relevance,
+        pooled_points,
+        recall_margin,
+    )
+
     if n_parts < 2:
         return None
     sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed, pure=False,
@@ -376,14 +397,39 @@ def _rank_weights(client: Any, segments: Sequence[Any], family_f: Any, k: int, s
     for _ in _progress(nbr, "neighbours", stall):
         pass
     parts = [f.result() for f in nbr]
-    if sum(len(p) for p in parts) < 2:
+    flat = [p for seg in parts for p in seg]
+    if len(flat) < 2:
         return None
     _, own = sample_f.result()
-    first = client.submit(tasks.calibrated_part, segments[0], pure=False).result()
-    weights, relevant = tasks.merged_rank_weights(parts, own, k, first)
-    log.info("true neighbours by rank within their segment (%d searched): %s",
-             sum(len(p) for p in parts), " ".join(f"{w:.2f}" for w in weights))
-    return weights, relevant
+    weights, masks = merged_relevance([p[0] for p in flat], [p[1] for p in flat], k, own)
+    log.info("true neighbours by rank within their segment (%d searched): %s", len(flat),
+             " ".join(f"{w:.2f}" for w in weights))
+    m_max = min(p[2] for p in flat)
+    ms = ([min(int(fixed["permutations"]), m_max)] if fixed.get("permutations")
+          else grid_permutations(m_max))
+    ws = [int(fixed["window"])] if fixed.get("window") else list(WINDOWS)
+    hs = ([int(fixed["hamming_keep"])] if fixed.get("hamming_keep") is not None
+          else [0, *[f * k for f in HAMMING_FACTORS]])
+    counts = np.sum([m.sum(axis=0) for m in masks], axis=0).astype(np.float64)
+    need = min(target + recall_margin(target, int(counts.sum()), 1), 1.0)
+    Q = flat[0][0].shape[0]
+    per_seg, i = [], 0
+    for seg in parts:
+        per_seg.append(masks[i: i + len(seg)])
+        i += len(seg)
+    while True:
+        grids = [client.submit(tasks.segment_grid, seg, sample_f, family_f, k,
+                               [p[1] for p in seg_parts], seg_masks, ms, ws, hs, pure=False,
+                               retries=2)
+                 for seg, seg_parts, seg_masks in zip(segments, parts, per_seg)]
+        held += grids
+        for _ in _progress(grids, "calibrate", stall):
+            pass
+        points = pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs)
+        if (fixed.get("window") or max(ws) >= MAX_WINDOW
+                or any(p.recall >= need for p in points)):
+            return points, int(counts.sum()), [float(w) for w in weights]
+        ws = [*ws, 2 * max(ws)]
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,
@@ -551,15 +597,16 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     fixed = old.extra.get("fixed") or {}
     held: list[Any] = []
     try:
-        weights = _rank_weights(client, segs, family_f, plan.cfg.k, stall, data=None,
-                                shards=None, queries=str(plan.queries.path),
-                                seed=int(plan.manifest["seed"]), held=held,
-                                n_parts=sum(len(e.get("parts", [e]))
-                                            for e in plan.manifest["segments"]))
+        pooled = _merged_grid(client, segs, family_f, plan.cfg.k, target, fixed, stall,
+                              data=None, shards=None, queries=str(plan.queries.path),
+                              seed=int(plan.manifest["seed"]), held=held,
+                              n_parts=sum(len(e.get("parts", [e]))
+                                          for e in plan.manifest["segments"]),
+                              n_rows=int(plan.manifest["rows"]))
     finally:
         client.cancel(held)
     f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,
-                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), weights,
+                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), None, pooled,
                       pure=False, retries=2)
     for _ in _progress([f], "calibrate", stall):
         pass

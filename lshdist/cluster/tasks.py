@@ -16,6 +16,7 @@ from lshdist.store.index import contiguous_span, read_segment, write_segment
 from lshdist.store.results import write_part
 
 if TYPE_CHECKING:
+    from lshdist.index.calibrate import Point
     from lshdist.protocols import Metric
 
 #: one query chunk encoded: (codes, re-rank payload, query ids)
@@ -56,18 +57,21 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
                       queries_path: str | None = None,
-                      weights: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+                      weights: tuple[np.ndarray, np.ndarray] | None = None,
+                      pooled: tuple[list[Point], int, list[float]] | None = None) -> dict[str, Any]:
     """Calibrate a fitted segment on a sample of the dataset ``queries_path``
     (`calibrate_on_queries`), or of its own rows (leave-one-out); ``weights``: the
-    `rank_weights` of the index's segments (`merged_rank_weights`; None: one segment).
+    `rank_weights` of the index's segments (None: one segment); ``pooled``: the grid measured
+    over every segment (`lshdist.cluster.pipeline._merged_grid`): then only timed here.
     Returns the calibration as JSON (it goes into the index manifest)."""
     if queries_path is not None:
         return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed,
-                                    weights)
+                                    weights, pooled)
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed, weights=weights)
+                          target=target, seed=seed, fixed=fixed, weights=weights,
+                          pooled=pooled)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=None)  # what the user fixed; the rows sampled
     return out
@@ -76,7 +80,8 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
                          fixed: dict[str, int | None], seed: int,
-                         weights: tuple[np.ndarray, np.ndarray] | None = None
+                         weights: tuple[np.ndarray, np.ndarray] | None = None,
+                         pooled: tuple[list[Point], int, list[float]] | None = None
                          ) -> dict[str, Any]:
     """Calibrate a segment (its largest part, if packed) on a sample of the dataset
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
@@ -86,7 +91,8 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
     cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
-                          seed=seed, fixed=fixed, queries=queries, weights=weights)
+                          seed=seed, fixed=fixed, queries=queries, weights=weights,
+                          pooled=pooled)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=queries_path)
     return out
@@ -111,10 +117,11 @@ def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
 
 
 def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
-                       family: HashFamily, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+                       family: HashFamily, k: int
+                       ) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """The exact ``k + 1`` nearest rows (distances, ids; ids -1 past a small part's end) of
-    the calibration sample (`calibration_sample`) within each searched part of a segment: the
-    input of `lshdist.index.calibrate.rank_weights`."""
+    the calibration sample (`calibration_sample`) within each searched part of a segment, and
+    the part's list count: the input of `lshdist.index.calibrate.merged_relevance`."""
     from lshdist.index.scan import scan_topk
 
     rows, _ = sample
@@ -125,25 +132,36 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
         D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_)
         pad = k + 1 - m
         out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
-                    np.pad(I, ((0, 0), (0, pad)), constant_values=-1)))
+                    np.pad(I, ((0, 0), (0, pad)), constant_values=-1),
+                    int(part.n_permutations_)))
     return out
+
+
+def segment_grid(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
+                 family: HashFamily, k: int, nbr_ids: Sequence[np.ndarray],
+                 masks: Sequence[np.ndarray], ms: Sequence[int], ws: Sequence[int],
+                 hs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A segment's share of a merged calibration (`lshdist.index.calibrate.grid_counts`,
+    summed over its parts): ``nbr_ids``/``masks`` per part, from `segment_neighbours` and
+    `merged_relevance`."""
+    from lshdist.index.calibrate import grid_counts, part_truth
+
+    rows, own = sample
+    qcodes, _ = encode(_metric(family), family, rows, query=True)
+    total: tuple[np.ndarray, np.ndarray] | None = None
+    for part, ids, mask in zip(parts_of(segment), nbr_ids, masks):
+        truth, qself = part_truth(ids, part.ids_, own, k)
+        hits, rr = grid_counts(part, qcodes, truth, qself, mask, ms, ws, hs)
+        total = (hits, rr) if total is None else (total[0] + hits, total[1] + rr)
+    if total is None:
+        raise InputError("a segment without parts reached a calibration task")
+    return total
 
 
 def calibrated_part(segment: PermutationIndex | PackedSegment) -> int:
     """The part of a segment that calibration measures: its largest (the first of those)."""
     sizes = [len(p) for p in parts_of(segment)]
     return sizes.index(max(sizes))
-
-
-def merged_rank_weights(parts: Sequence[list[tuple[np.ndarray, np.ndarray]]],
-                        own: np.ndarray | None, k: int, calibrated: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """`rank_weights` of every searched part's `segment_neighbours` (driver side), for the
-    ``calibrated``-th part of the first segment."""
-    from lshdist.index.calibrate import rank_weights
-
-    flat = [p for seg in parts for p in seg]
-    return rank_weights([d for d, _ in flat], [i for _, i in flat], k, own, calibrated)
 
 
 def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,

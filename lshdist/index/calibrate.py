@@ -171,6 +171,15 @@ def rank_weights(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
     near neighbours sit in one segment (appended by day, say) keeps the weight on the higher
     ranks it really has.
     """
+    w, masks = merged_relevance(dists, ids, k, own)
+    return w, masks[calibrated]
+
+
+def merged_relevance(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
+                     own: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`rank_weights` for every part at once: ``(w, masks)``, ``masks[s]`` (Q, k) bool marking
+    the rows of part s (by rank within it, own row left out) that are true neighbours of the
+    merged answer.  Each true neighbour is marked in exactly one part."""
     if not dists:
         raise InputError("rank weights need at least one segment")
     Q = dists[0].shape[0]
@@ -192,13 +201,81 @@ def rank_weights(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
     top_r = np.take_along_axis(R, order, axis=1)
     top_s = np.take_along_axis(seg, order, axis=1)
     good = np.isfinite(top_d) & (top_r < k)
-    relevant = np.zeros((Q, k), dtype=bool)
-    q_idx = np.nonzero(good & (top_s == calibrated))
-    relevant[q_idx[0], top_r[q_idx]] = True
+    masks = []
+    for s in range(len(dists)):
+        relevant = np.zeros((Q, k), dtype=bool)
+        q_idx = np.nonzero(good & (top_s == s))
+        relevant[q_idx[0], top_r[q_idx]] = True
+        masks.append(relevant)
     counts = np.bincount(top_r[good], minlength=k)[:k].astype(np.float64)
     if counts.sum() == 0:
-        return np.full(k, 1.0 / k), relevant
-    return counts / counts.sum(), relevant
+        return np.full(k, 1.0 / k), masks
+    return counts / counts.sum(), masks
+
+
+def part_truth(nbr_ids: np.ndarray, part_ids: np.ndarray, own: np.ndarray | None, k: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """A part's exact neighbours of the sample as local rows: ``(truth (Q, k), qself (Q,))``
+    — ``nbr_ids`` (Q, m) the part's nearest ids ascending (-1 padding), the query's own row
+    (``own``) left out as `merged_relevance` does; qself: the local row of that own row, or
+    -1."""
+    order = np.argsort(part_ids, kind="stable")
+    sorted_ids = part_ids[order]
+
+    def local(ids: np.ndarray) -> np.ndarray:
+        pos = np.clip(np.searchsorted(sorted_ids, ids), 0, len(sorted_ids) - 1)
+        return np.where((ids >= 0) & (sorted_ids[pos] == ids), order[pos], -1).astype(np.int64)
+
+    Q = nbr_ids.shape[0]
+    truth = np.full((Q, k), -1, dtype=np.int64)
+    qself = np.full(Q, -1, dtype=np.int64) if own is None else local(np.asarray(own, np.int64))
+    for q in range(Q):
+        row = nbr_ids[q][(nbr_ids[q] >= 0) & (own is None or nbr_ids[q] != own[q])][:k]
+        truth[q, : len(row)] = local(row)
+    return truth, qself
+
+
+def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
+                qself: np.ndarray, relevant: np.ndarray, ms: Sequence[int], ws: Sequence[int],
+                hs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One part's share of a merged calibration: hits of its ``relevant`` true neighbours by
+    rank, (len(ms), len(ws), len(hs), k), and rows re-ranked, (len(ms), len(ws), len(hs)),
+    summed over the sample (`candidate_recall_grid`)."""
+    Q = len(qcodes)
+    m_max, w_max = max(ms), max(ws)
+    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
+                                                                                2 * w_max)
+    ham = candidate_hamming(full, index.codes_, qcodes)
+    kt = np.where(relevant[:, : truth.shape[1]], truth, -1)
+    hits, reranked = candidate_recall_grid(full, ham, index.bits_, kt, qself,
+                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
+                                           np.asarray(hs, dtype=np.int64))
+    return hits, reranked
+
+
+def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.ndarray, Q: int,
+                  N: int, ms: Sequence[int], ws: Sequence[int], hs: Sequence[int]
+                  ) -> list[Point]:
+    """The grid points of a merged answer from every part's `grid_counts`: recall = hits of
+    true neighbours over all of them (``counts``: true neighbours by rank, summed over parts),
+    rows re-ranked per query summed over the parts (``N``: rows of all parts)."""
+    hits = np.sum([h for h, _ in stats], axis=0)
+    reranked = np.sum([r for _, r in stats], axis=0)
+    total = max(float(counts.sum()), 1.0)
+    points: list[Point] = []
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            seen: set[float] = set()
+            for j, h in enumerate(hs):
+                kept = float(reranked[a, b, j]) / Q
+                if kept in seen:
+                    continue
+                seen.add(kept)
+                by_rank = hits[a, b, j] / np.maximum(counts, 1.0)
+                points.append(Point(int(m), int(w), int(h), float(hits[a, b, j].sum()) / total,
+                                    kept, kept / max(N, 1),
+                                    rank_recall=tuple(round(float(x), 6) for x in by_rank)))
+    return points
 
 
 def recall_margin(target: float, n_queries: int, k: int) -> float:
@@ -268,7 +345,8 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
               *, k: int, target: float, permutations: Sequence[int] | None = None,
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
               hash_overhead: float = 0.0, weights: np.ndarray | None = None,
-              relevant: np.ndarray | None = None,
+              relevant: np.ndarray | None = None, points: Sequence[Point] | None = None,
+              measured_rows: int | None = None,
               timer: Callable[[], float] = time.perf_counter) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
     ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
@@ -277,7 +355,9 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     ``relevant`` (`rank_weights`): the index is one of several segments whose answers are
     merged, and recall is the merged answer's — the hit rate, rank by rank, of this
     segment's rows that are true neighbours of the merged answer, weighted by where those
-    rank (default: one segment, recall@k)."""
+    rank (default: one segment, recall@k).  ``points``: the grid already measured over every
+    segment (`pooled_points`, from ``measured_rows`` true neighbours); this index is then only
+    timed against its scan."""
     t_start = timer()
     N = len(index)
     Q = len(qrows)
@@ -323,14 +403,18 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     # segment; fewer with many segments, where the target needs a wider margin)
     margin = recall_margin(target, int(counts.sum()), 1)
     kernel_truth = np.where(rel, truth, -1)
-    while True:
-        points = _grid(index, qrows, qcodes, kernel_truth, ms, ws, hs, k=ks, weights=w_rank,
-                       counts=counts)
+    if points is not None:
+        margin = recall_margin(target, int(measured_rows or Q * ks), 1)
+        counts = np.full(ks, float(measured_rows or Q * ks) / ks)
+    while points is None:
+        grid = _grid(index, qrows, qcodes, kernel_truth, ms, ws, hs, k=ks, weights=w_rank,
+                     counts=counts)
         # a larger database needs wider windows for the same recall (the lists hold more
         # rows between a query and its neighbours): when no point of the grid reaches the
         # target, the windows are doubled, up to MAX_WINDOW (not when W was given)
         if (windows is not None or max(ws) >= MAX_WINDOW
-                or choose_point(points, target, width, margin) is not None):
+                or choose_point(grid, target, width, margin) is not None):
+            points = grid
             break
         ws = [*ws, 2 * max(ws)]
     width = float(getattr(qpayload, "width", 1))

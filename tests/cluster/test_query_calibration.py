@@ -81,10 +81,10 @@ def test_index_calibrated_on_the_same_queries_is_not_calibrated_again(setup):
 
 
 def test_an_index_of_several_segments_is_calibrated_for_the_merged_answer(setup):
-    """Five segments: calibration weighs each true-neighbour rank by where the merged
-    answer's neighbours rank within their segment (measured over every segment), so each
-    segment searches for less than its own recall@10 — and the merged answer still meets the
-    target.  Catches: weights never computed (uniform), a merged recall that over-promises."""
+    """Five segments: the grid is measured over every segment for the merged answer's true
+    neighbours (most rank first or second within their own segment), so each segment
+    searches for less than its own recall@10 — and the merged answer's recall is what was
+    calibrated.  Catches: one segment standing for all, a merged recall that over-promises."""
     root, client = setup
     cfg = replace(IndexConfig(segment_rows=1000, seed=1), calibration_queries=str(root / "q"))
     build_index(client, data=str(root / "db"), model=str(root / "model"),
@@ -94,12 +94,11 @@ def test_an_index_of_several_segments_is_calibrated_for_the_merged_answer(setup)
     cal = manifest["calibration"]
     w = np.array(cal["extra"]["rank_weights"])
     assert w.shape == (10,) and w.sum() == pytest.approx(1.0) and w[0] > 2 * w[-1]
-    assert 0 < cal["extra"]["rows_measured"] < 200 * 10  # this segment's share only
+    # every true neighbour of the 200-query sample is measured, in its own segment
+    assert cal["extra"]["rows_measured"] == 200 * 10
     # at 1,000 rows of 16-d the scan is the faster (auto keeps it); the hashed point is the
     # one timed against it, and what --mode hash searches at
     chosen = cal["chosen"] or cal["extra"]["timed"]
-    # the merged recall the point was chosen for is above its one-segment recall@10
-    assert chosen["recall"] > np.mean(chosen["rank_recall"]) + 0.02
     out = {}
     for name, qcfg in (("hash", QueryConfig(k=10, mode="hash")),
                        ("scan", QueryConfig(k=10, mode="scan"))):
@@ -109,4 +108,4 @@ def test_an_index_of_several_segments_is_calibrated_for_the_merged_answer(setup)
         out[name] = nb[np.argsort(qid, kind="stable")]
     got = _recall(out["hash"], out["scan"])
     print(f"\nmerged recall {got:.3f}, calibrated {chosen['recall']:.3f}, weights {w.round(2)}")
-    assert got >= 0.88
+    assert got >= 0.88 and abs(got - chosen["recall"]) < 0.03

@@ -361,3 +361,40 @@ def test_short_timings_are_repeated_and_the_fastest_kept():
     assert _best_of(0.005, run, lambda: clock[0]) == pytest.approx(0.001)
     assert len(calls) == 5  # 0.005 + 0.004 + 0.001 + 0.003 + 0.002 + 0.006 > 0.02: stop
     assert _best_of(0.5, run, lambda: clock[0]) == 0.5 and len(calls) == 5
+
+
+@pytest.mark.parametrize("split", ["random", "blocks"])
+def test_the_grid_pooled_over_segments_is_the_merged_search_exactly(split):
+    """Measured over every segment (`merged_relevance`, `part_truth`, `grid_counts`,
+    `pooled_points`), a point's recall is the merged search's recall on the sample exactly,
+    and its rows re-ranked are the sum over segments.  Catches: a true neighbour counted in
+    two segments or none, truth ranks off by the own row, re-ranked rows of one segment."""
+    from lshdist.index.calibrate import grid_counts, merged_relevance, part_truth, pooled_points
+
+    rng = np.random.default_rng(8)
+    n, d, S, k = 4000, 8, 4, 10
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    if split == "blocks":
+        X = X[np.argsort(X[:, 0])]
+    metric = ExplicitMetric.identity(d, center=X.mean(0))
+    family = MetricIndex(metric, bits=64).fit(X[:10]).family_
+    segs = _segments(X, S, metric, family, rng, split)
+    Xq = (X[rng.choice(n, 150, replace=False)] + 0.3 * rng.normal(size=(150, d))
+          ).astype(np.float32)
+    qc, qp = encode(metric, family, Xq, query=True)
+    tops = [scan_topk(s.payload_, qp, k + 1, ids=s.ids_) for s in segs]
+    w, masks = merged_relevance([t[0] for t in tops], [t[1] for t in tops], k)
+    assert sum(int(m.sum()) for m in masks) == 150 * k
+    ms, ws, hs = [4, 16], [1, 4], [0, 20, 40]
+    stats = []
+    for seg, (_, ids), mask in zip(segs, tops, masks):
+        truth, qself = part_truth(ids, seg.ids_, None, k)
+        stats.append(grid_counts(seg, qc, truth, qself, mask, ms, ws, hs))
+    counts = np.sum([m.sum(0) for m in masks], axis=0).astype(float)
+    points = pooled_points(stats, counts, 150, n, ms, ws, hs)
+    _, truth_all = scan_topk(encode(metric, family, X)[1], qp, k)
+    for p in points:
+        assert p.recall == pytest.approx(_merged_recall(segs, qc, qp, k, p, truth_all), abs=1e-9)
+        reranked = sum(s.search(qc, qp, k, n_permutations=p.permutations, window=p.window,
+                                hamming_keep=p.hamming_keep)[2]["reranked"].sum() for s in segs)
+        assert p.reranked == pytest.approx(reranked / 150)
