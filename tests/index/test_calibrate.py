@@ -384,7 +384,7 @@ def test_the_grid_pooled_over_segments_is_the_merged_search_exactly(split):
     qc, qp = encode(metric, family, Xq, query=True)
     tops = [scan_topk(s.payload_, qp, k + 1, ids=s.ids_) for s in segs]
     w, masks = merged_relevance([t[0] for t in tops], [t[1] for t in tops], k)
-    assert sum(int(m.sum()) for m in masks) == 150 * k
+    assert sum(int(m.sum()) for m in masks) == 150 * k and w.sum() == pytest.approx(1.0)
     ms, ws, hs = [4, 16], [1, 4], [0, 20, 40]
     stats = []
     for seg, (_, ids), mask in zip(segs, tops, masks):
