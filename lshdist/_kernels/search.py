@@ -295,7 +295,7 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     Returns hits: int64 (len(ms), len(ws), len(keeps), truth.shape[1]), the hits of each true
     neighbour rank summed over queries (their sum over the last axis is recall@k's numerator;
     by rank, a merged answer over several segments is predicted, see
-    `lshdist.index.calibrate.rank_weights`), and reranked: int64 (len(ms), len(ws),
+    `lshdist.index.calibrate.merged_relevance`), and reranked: int64 (len(ms), len(ws),
     len(keeps)), summed over queries.
     """
     Q, M, T = full.shape

@@ -331,8 +331,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
                                   n_parts=len(fits), n_rows=plan.data.n)
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
-                                  cfg.calibration_queries, None, pooled, pure=False,
-                                  retries=2)
+                                  cfg.calibration_queries, pooled, pure=False, retries=2)
             held.append(cal_f)
             for _ in _progress([cal_f], "calibrate", stall):
                 pass
@@ -606,7 +605,7 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     finally:
         client.cancel(held)
     f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,
-                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), None, pooled,
+                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), pooled,
                       pure=False, retries=2)
     for _ in _progress([f], "calibrate", stall):
         pass

@@ -57,21 +57,20 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
                       queries_path: str | None = None,
-                      weights: tuple[np.ndarray, np.ndarray] | None = None,
-                      pooled: tuple[list[Point], int, list[float]] | None = None) -> dict[str, Any]:
+                      merged: tuple[list[Point], int, list[float]] | None = None
+                      ) -> dict[str, Any]:
     """Calibrate a fitted segment on a sample of the dataset ``queries_path``
-    (`calibrate_on_queries`), or of its own rows (leave-one-out); ``weights``: the
-    `rank_weights` of the index's segments (None: one segment); ``pooled``: the grid measured
-    over every segment (`lshdist.cluster.pipeline._merged_grid`): then only timed here.
+    (`calibrate_on_queries`), or of its own rows (leave-one-out); ``merged``: the grid
+    measured over every segment (`lshdist.cluster.pipeline._merged_grid`; None: one segment),
+    then only timed here.
     Returns the calibration as JSON (it goes into the index manifest)."""
     if queries_path is not None:
         return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed,
-                                    weights, pooled)
+                                    merged)
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed, weights=weights,
-                          pooled=pooled)
+                          target=target, seed=seed, fixed=fixed, merged=merged)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=None)  # what the user fixed; the rows sampled
     return out
@@ -80,8 +79,7 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
                          fixed: dict[str, int | None], seed: int,
-                         weights: tuple[np.ndarray, np.ndarray] | None = None,
-                         pooled: tuple[list[Point], int, list[float]] | None = None
+                         merged: tuple[list[Point], int, list[float]] | None = None
                          ) -> dict[str, Any]:
     """Calibrate a segment (its largest part, if packed) on a sample of the dataset
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
@@ -91,8 +89,7 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
     cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
-                          seed=seed, fixed=fixed, queries=queries, weights=weights,
-                          pooled=pooled)
+                          seed=seed, fixed=fixed, queries=queries, merged=merged)
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=queries_path)
     return out

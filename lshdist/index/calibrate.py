@@ -59,8 +59,8 @@ class Point:
     reranked: float  # rows whose exact distance is computed, mean per query
     fraction_searched: float
     seconds_per_query: float | None = None  # measured with the real search (None: not timed)
-    #: the fraction of the sample's j-th exact neighbours (j = 1..k, within the calibrated
-    #: segment) that the point re-ranks; ``recall`` is their `rank_weights`-weighted mean
+    #: the fraction of the true neighbours that rank j-th within their own segment
+    #: (j = 1..k) that the point re-ranks (one segment: of the sample's j-th neighbours)
     rank_recall: tuple[float, ...] | None = None
 
     def cost(self, width: float) -> float:
@@ -150,36 +150,21 @@ def _point(d: dict[str, Any]) -> Point:
     return Point(**{**d, "rank_recall": None if rr is None else tuple(float(x) for x in rr)})
 
 
-def rank_weights(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
-                 own: np.ndarray | None = None, calibrated: int = 0
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Which true neighbours of a merged answer each segment must find, by rank within it.
-
-    An index of S segments answers a query with the best k of each segment's candidates, so
-    a true top-k neighbour is found if its own segment re-ranks it — and there it ranks
-    ``j <= its global rank``: with S segments most true neighbours are among the first few of
-    their segment, which a cheaper operating point finds.  ``dists[s]``, ``ids[s]`` (Q, m):
-    the exact nearest rows of a sample of queries within segment s, ascending (padding: id
-    -1); ``own`` (Q,): each query's own row id, left out (leave-one-out calibration), or None.
-
-    Returns ``(w, relevant)``: w (k,) the fraction of the merged true top-k that ranks j-th
-    (j = 1..k) within its segment; relevant (Q, k) bool: whether the j-th row (own row left
-    out) of segment ``calibrated`` is in the merged true top-k — the rows whose hit rate, by
-    rank, `calibrate` measures (a segment's j-th row that is also a global neighbour is
-    nearer than its j-th row in general, and easier to find).  With one segment w = 1/k and
-    every row is relevant: the merged recall is recall@k.  Measured, not modelled: data whose
-    near neighbours sit in one segment (appended by day, say) keeps the weight on the higher
-    ranks it really has.
-    """
-    w, masks = merged_relevance(dists, ids, k, own)
-    return w, masks[calibrated]
-
-
 def merged_relevance(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int,
                      own: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """`rank_weights` for every part at once: ``(w, masks)``, ``masks[s]`` (Q, k) bool marking
-    the rows of part s (by rank within it, own row left out) that are true neighbours of the
-    merged answer.  Each true neighbour is marked in exactly one part."""
+    """Which true neighbours of a merged answer each part must find, by rank within it.
+
+    An index of S parts (segments, or a packed segment's parts) answers a query with the best
+    k of each part's candidates, so a true top-k neighbour is found if its own part re-ranks
+    it — and there it usually ranks first or second, which a cheaper operating point finds.
+    ``dists[s]``, ``ids[s]`` (Q, m): the exact nearest rows of a sample of queries within
+    part s, ascending (padding: id -1); ``own`` (Q,): each query's own row id, left out
+    (leave-one-out calibration), or None.
+
+    Returns ``(w, masks)``: w (k,) the fraction of the merged true top-k that ranks j-th
+    within its part (reported); ``masks[s]`` (Q, k) bool marking the rows of part s (by rank
+    within it, own row left out) that are true neighbours of the merged answer — each true
+    neighbour is marked in exactly one part (`grid_counts` counts their hits)."""
     if not dists:
         raise InputError("rank weights need at least one segment")
     Q = dists[0].shape[0]
@@ -344,20 +329,16 @@ def grid_permutations(m_max: int) -> list[int]:
 def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qpayload: Any,
               *, k: int, target: float, permutations: Sequence[int] | None = None,
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
-              hash_overhead: float = 0.0, weights: np.ndarray | None = None,
-              relevant: np.ndarray | None = None, points: Sequence[Point] | None = None,
-              measured_rows: int | None = None,
+              hash_overhead: float = 0.0,
+              merged: tuple[Sequence[Point], int, Sequence[float]] | None = None,
               timer: Callable[[], float] = time.perf_counter) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
     ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
     gave (default: the grids above); ``hash_overhead`` (seconds per query) is added to the
-    hashed search's time (hashing the query, which the scan does not need).  ``weights``,
-    ``relevant`` (`rank_weights`): the index is one of several segments whose answers are
-    merged, and recall is the merged answer's — the hit rate, rank by rank, of this
-    segment's rows that are true neighbours of the merged answer, weighted by where those
-    rank (default: one segment, recall@k).  ``points``: the grid already measured over every
-    segment (`pooled_points`, from ``measured_rows`` true neighbours); this index is then only
-    timed against its scan."""
+    hashed search's time (hashing the query, which the scan does not need).  ``merged``:
+    the index is one of several segments whose answers are merged — (the grid measured over
+    every segment, `pooled_points`; the true neighbours it counted; where they rank within
+    their segment, `merged_relevance`): this index is then only timed against its scan."""
     t_start = timer()
     N = len(index)
     Q = len(qrows)
@@ -389,26 +370,16 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         raise InputError(f"calibration asks for {max(ms)} lists, the index has "
                          f"{index.n_permutations_}")
     width = float(getattr(qpayload, "width", 1))
-    w_rank = np.full(ks, 1.0 / ks) if weights is None else np.asarray(weights, np.float64)[:ks]
-    rel = np.ones((Q, ks), bool) if relevant is None else np.asarray(relevant, bool)[:, :ks]
-    if w_rank.shape != (ks,) or rel.shape != (Q, ks) or (w_rank < 0).any():
-        raise InputError(f"rank weights must be {ks} non-negative numbers and the relevant "
-                         f"rows ({Q}, {ks}) (got {w_rank.shape}, {rel.shape})")
-    counts = rel.sum(0).astype(np.float64)  # the rows whose hit rate is measured, per rank
-    w_rank = np.where(counts > 0, w_rank, 0.0)  # a rank this segment never holds: no estimate
-    if not w_rank.sum() > 0:
-        w_rank, rel, counts = np.full(ks, 1.0 / ks), np.ones((Q, ks), bool), np.full(ks, Q)
-    w_rank = w_rank / w_rank.sum()
-    # the standard error of the merged recall, from the rows measured (n queries x k for one
-    # segment; fewer with many segments, where the target needs a wider margin)
-    margin = recall_margin(target, int(counts.sum()), 1)
-    kernel_truth = np.where(rel, truth, -1)
-    if points is not None:
-        margin = recall_margin(target, int(measured_rows or Q * ks), 1)
-        counts = np.full(ks, float(measured_rows or Q * ks) / ks)
-    while points is None:
-        grid = _grid(index, qrows, qcodes, kernel_truth, ms, ws, hs, k=ks, weights=w_rank,
-                     counts=counts)
+    if merged is not None:
+        points: list[Point] = list(merged[0])
+        measured, w_rank = int(merged[1]), [float(x) for x in merged[2]]
+    else:
+        measured, w_rank = Q * ks, [1.0 / ks] * ks
+    # one standard error of the recall over the true neighbours measured
+    margin = recall_margin(target, measured, 1)
+    while merged is None:
+        grid = pooled_points([grid_counts(index, qcodes, truth, qrows, np.ones((Q, ks), bool),
+                                          ms, ws, hs)], np.full(ks, float(Q)), Q, N, ms, ws, hs)
         # a larger database needs wider windows for the same recall (the lists hold more
         # rows between a query and its neighbours): when no point of the grid reaches the
         # target, the windows are doubled, up to MAX_WINDOW (not when W was given)
@@ -431,8 +402,8 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         return _best_of(timer() - t0, run, timer) / nt + hash_overhead
 
     mode, chosen, reason = select(points, target, scan_s, width, time_point, margin)
-    extra: dict[str, Any] = {"rank_weights": [round(float(x), 6) for x in w_rank],
-                             "rows_measured": int(counts.sum()), "margin": margin}
+    extra: dict[str, Any] = {"rank_weights": [round(x, 6) for x in w_rank],
+                             "rows_measured": measured, "margin": margin}
     if chosen is None and mode == "scan":
         best = choose_point(points, min(target, max((p.recall for p in points), default=1.0)),
                             width)
@@ -463,34 +434,6 @@ def _best_of(first: float, run: Callable[[], Any], timer: Callable[[], float]) -
         dt = timer() - t0
         best, total, n = min(best, dt), total + dt, n + 1
     return best
-
-
-def _grid(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, truth: np.ndarray,
-          ms: Sequence[int], ws: Sequence[int], hs: Sequence[int], *, k: int,
-          weights: np.ndarray, counts: np.ndarray) -> list[Point]:
-    """Recall (by true neighbour rank, and merged with ``weights``) and rows re-ranked of every
-    (M', W', H) of the grid, exactly, from one candidate array of the largest M and W."""
-    Q, N = len(qrows), len(index)
-    m_max, w_max = max(ms), max(ws)
-    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
-                                                                                2 * w_max)
-    ham = candidate_hamming(full, index.codes_, qcodes)
-    hits, reranked = candidate_recall_grid(full, ham, index.bits_, truth, qrows,
-                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
-                                           np.asarray(hs, dtype=np.int64))
-    points: list[Point] = []
-    for a, m in enumerate(ms):
-        for b, w in enumerate(ws):
-            seen: set[float] = set()
-            for h, hit, rr in zip(hs, hits[a, b], reranked[a, b]):
-                kept = float(rr) / Q
-                if kept in seen:
-                    continue  # H at or beyond every query's candidates: the same point
-                seen.add(kept)
-                by_rank = hit / np.maximum(counts, 1.0)
-                points.append(Point(m, w, int(h), float(by_rank @ weights), kept, kept / N,
-                                    rank_recall=tuple(round(float(x), 6) for x in by_rank)))
-    return points
 
 
 def sample_rows(n: int, size: int, seed: int) -> np.ndarray:

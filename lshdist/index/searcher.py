@@ -95,16 +95,13 @@ def calibrated_lists(n: int, *, n_permutations: int | None, epsilon: float | Non
 def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily, X: RowsLike,
                     *, k: int, target: float, seed: int, fixed: dict[str, int | None],
                     queries: RowsLike | None = None,
-                    weights: tuple[np.ndarray, np.ndarray] | None = None,
-                    pooled: tuple[list[Point], int, list[float]] | None = None) -> Calibration:
+                    merged: tuple[list[Point], int, list[float]] | None = None) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
     (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
     whose rows have near-copies of themselves — augmented data — makes its own rows easier
     queries than the real ones); the parameters in ``fixed`` (not None) kept as given;
-    ``weights``: `lshdist.index.calibrate.rank_weights` (weights, relevant rows) when the
-    index is one of several segments whose answers are merged (the recall calibrated is the
-    merged answer's); ``pooled``: (points, true neighbours measured) of a grid measured over
-    every segment (`lshdist.index.calibrate.pooled_points`): this index is only timed."""
+    ``merged``: the grid of a merged answer measured over every segment
+    (`lshdist.index.calibrate.calibrate`): this index is then only timed."""
     if queries is not None:
         Q = as_block(queries)
         pick = sample_rows(n_rows(Q), SAMPLE_QUERIES, seed)
@@ -125,11 +122,7 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
                      permutations=None if m is None else [m],
                      windows=None if w is None else [w],
                      hamming_keeps=None if h is None else [h], hash_overhead=hash_overhead,
-                     weights=(np.asarray(pooled[2]) if pooled is not None
-                              else None if weights is None else weights[0]),
-                     relevant=None if weights is None else weights[1],
-                     points=None if pooled is None else pooled[0],
-                     measured_rows=None if pooled is None else pooled[1])
+                     merged=merged)
 
 
 class MetricIndex:

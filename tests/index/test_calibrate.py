@@ -268,80 +268,29 @@ def _merged_recall(segs, qc, qp, k, p, truth):
     return np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(ids, truth)])
 
 
-@pytest.mark.parametrize("split", ["random", "blocks"])
-def test_the_calibrated_recall_of_several_segments_is_the_merged_answers(split):
-    """Calibrated on one of S segments with the rank weights of all S, a point's recall is
-    that of the merged answer of the S segments searched at it (within sampling error) —
-    and with random segments it is above the single-segment recall@k the old calibration
-    used (which over-searched every segment).
-    Catches: weights from the wrong ranks, the own row not left out, uniform weights."""
-    from lshdist.index.calibrate import rank_weights
-
-    rng = np.random.default_rng(5)
-    n, d, S, k = 6000, 10, 6, 10
-    X = rng.normal(size=(n, d)).astype(np.float32)
-    if split == "blocks":  # slabs along one axis, one per segment: neighbours mostly stay home
-        X = X[np.argsort(X[:, 0])]
-    metric = ExplicitMetric.identity(d, center=X.mean(0))
-    family = MetricIndex(metric, bits=64).fit(X[:10]).family_
-    segs = _segments(X, S, metric, family, rng, split)
-    Xq = (X[rng.choice(n, 300, replace=False)] + 0.3 * rng.normal(size=(300, d))
-          ).astype(np.float32)
-    qc, qp = encode(metric, family, Xq, query=True)
-    tops = [scan_topk(s.payload_, qp, k + 1, ids=s.ids_) for s in segs]
-    ws = [rank_weights([t[0] for t in tops], [t[1] for t in tops], k, calibrated=i)
-          for i in range(S)]
-    w = ws[0][0]
-    assert w.shape == (k,) and w.sum() == pytest.approx(1.0)
-    assert sum(int(r.sum()) for _, r in ws) == 300 * k  # every true neighbour in one segment
-    _, truth = scan_topk(encode(metric, family, X)[1], qp, k)
-    cals = [calibrate(seg, np.full(300, -1, np.int64), qc, qp, k=k, target=0.5,
-                      permutations=[4, 16], windows=[1, 4], hamming_keeps=[0, 20, 40],
-                      weights=wi, relevant=rel) for seg, (wi, rel) in zip(segs, ws)]
-    cal = cals[0]
-    key = [(p.permutations, p.window, p.hamming_keep) for p in cal.points]
-    # (S, points): H cuts beyond a segment's candidates are folded; all but the first have H=0
-    pred = np.array([[{(q.permutations, q.window, q.hamming_keep): q.recall
-                       for q in c.points}.get(kk, np.nan) for kk in key] for c in cals])
-    real = np.array([_merged_recall(segs, qc, qp, k, p, truth) for p in cal.points])
-    for p in cal.points:
-        assert p.rank_recall is not None and len(p.rank_recall) == k
-        if split == "random":
-            assert p.recall >= float(np.mean(p.rank_recall)) - 1e-9  # above one segment's
-    # any one segment predicts within its sampling error (300 x 10 / 6 rows); their mean,
-    # closely (the old weighting of each segment's j-th rows, not only the relevant ones, was
-    # 0.03-0.06 low here)
-    assert np.nanmax(np.abs(pred - real)) < 0.08
-    assert np.nanmax(np.abs(np.nanmean(pred, 0) - real)) < 0.015, (np.nanmean(pred, 0), real)
-    if split == "blocks":  # measured, not modelled: weight stays on the higher ranks
-        assert w[0] < 0.42 and w[3] > 0.08  # random rows: 0.50 and 0.04
-    else:
-        assert w[0] > 0.4 and w[0] > 3 * w[-1]
-    assert json_round_trip(cal) == cal
-
-
-def test_rank_weights_leave_the_query_out_and_take_one_segment_as_recall_at_k():
-    from lshdist.index.calibrate import rank_weights
+def test_merged_relevance_leaves_the_query_out_and_marks_each_neighbour_once():
+    from lshdist.index.calibrate import merged_relevance
 
     D = np.array([[0.0, 1.0, 2.0, 3.0]])
     I = np.array([[7, 3, 4, 5]])
     # one segment: each rank once, every row relevant
-    w, rel = rank_weights([D], [I], 3)
+    w, (rel,) = merged_relevance([D], [I], 3)
     assert np.allclose(w, 1 / 3) and rel.all()
     # the own row (7) left out: ranks 3, 4, 5 -> 1, 2, 3 within the segment
-    w, rel = rank_weights([D], [I], 3, own=np.array([7]))
+    w, (rel,) = merged_relevance([D], [I], 3, own=np.array([7]))
     assert np.allclose(w, 1 / 3) and rel.all()
     # two segments interleaved: merged top-4 = 0 (seg a r1), .5 (b r1), 1 (a r2), 1.5 (b r2)
     Db = np.array([[0.5, 1.5, 2.5, 3.5]])
     Ib = np.array([[10, 11, 12, 13]])
-    w, rel = rank_weights([D, Db], [I, Ib], 4)
-    assert np.allclose(w, [0.5, 0.5, 0, 0]) and rel.tolist() == [[True, True, False, False]]
-    w, rel = rank_weights([D, Db], [I, Ib], 4, calibrated=1)
-    assert rel.tolist() == [[True, True, False, False]]
+    w, (ra, rb) = merged_relevance([D, Db], [I, Ib], 4)
+    assert np.allclose(w, [0.5, 0.5, 0, 0])
+    assert ra.tolist() == rb.tolist() == [[True, True, False, False]]
     # padding (-1) never counts
     Ip = np.array([[10, -1, -1, -1]])
-    w, rel = rank_weights([D, Db], [I, Ip], 4, calibrated=1)
-    assert np.allclose(w, [0.5, 0.25, 0.25, 0]) and rel.tolist() == [[True, False, False, False]]
+    w, (ra, rb) = merged_relevance([D, Db], [I, Ip], 4)
+    assert np.allclose(w, [0.5, 0.25, 0.25, 0])
+    assert ra.tolist() == [[True, True, True, False]]
+    assert rb.tolist() == [[True, False, False, False]]
 
 
 def test_short_timings_are_repeated_and_the_fastest_kept():
