@@ -5,7 +5,8 @@ lshdist's one-process `MetricIndex` (L2, ``target_recall=0.9``, no other paramet
 same run, FAISS ``IndexFlatL2`` timed on the 2,000-query truth sample and scaled linearly to
 100,000 queries (exact for brute force; said in the output) and FAISS ``IVFFlat`` (nlist =
 sqrt(N) ~ 1,024, trained on 40 rows per list, nprobe swept; the cheapest total reaching
-recall@10 0.9 on the sample).  Recall@10 on the 2,000 queries with stored exact truth.  One run
+recall@10 0.9 on the sample, its search also timed on the sample and scaled) — both through
+`bench_scale.faiss_peers`, as the scale benchmark runs them.  Recall@10 on the 2,000 queries with stored exact truth.  One run
 each (the 1 M build is long); 2 threads; peak RSS of the process reported.
 
     cd /work/main && .venv/bin/python benchmarks/bench_million.py
@@ -20,6 +21,7 @@ import numpy as np
 
 import faiss
 
+import bench_scale
 import make_million
 from lshdist.evaluation import recall_at_k
 from lshdist.index.searcher import MetricIndex
@@ -27,7 +29,6 @@ from lshdist.metric.learned import ExplicitMetric
 
 K = 10
 TARGET = 0.9
-NPROBES = [4, 8, 16, 32]
 
 
 def rss_gib() -> float:
@@ -44,7 +45,7 @@ def main():
     t_read = time.perf_counter() - t0
     tq_rows = truth["queries"] if "queries" in truth else np.arange(len(truth["ids"]))
     tids = truth["ids"]
-    N, d = X.shape
+    d = X.shape[1]
     print(f"database {X.shape}, queries {Q.shape}, truth {len(tids)}, threads {pinned}, "
           f"read {t_read:.1f} s, rss {rss_gib():.1f} GiB", flush=True)
     rows = []
@@ -70,50 +71,12 @@ def main():
     print(rows[-1], flush=True)
     del ix
 
-    # FAISS flat on the truth sample, scaled
-    t0 = time.perf_counter()
-    fx = faiss.IndexFlatL2(d)
-    fx.add(X)
-    t_add = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fx.search(Q[tq_rows], K)
-    t_s = time.perf_counter() - t0
-    scale = len(Q) / len(tq_rows)
-    rows.append({"system": "FAISS IndexFlatL2 (exact)", "setting": f"timed on {len(tq_rows):,} "
-                 f"queries, x{scale:.0f}", "recall@10 (2,000 sample)": 1.0, "build s": t_add,
-                 "query s": t_s * scale, "total s": t_add + t_s * scale, "note": "scaled"})
-    print(rows[-1], flush=True)
-    del fx
-
-    # FAISS IVFFlat
-    nlist = int(np.sqrt(N))
-    rng = np.random.default_rng(0)
-    t0 = time.perf_counter()
-    quant = faiss.IndexFlatL2(d)
-    ivf = faiss.IndexIVFFlat(quant, d, nlist)
-    ivf.train(X[rng.permutation(N)[:40 * nlist]])
-    ivf.add(X)
-    t_build = time.perf_counter() - t0
-    best = None
-    for nprobe in NPROBES:
-        ivf.nprobe = nprobe
-        t0 = time.perf_counter()
-        _, I = ivf.search(Q[tq_rows], K)
-        t_s = time.perf_counter() - t0
-        rr = recall_at_k(I.astype(np.int64), tids, K)
-        print(f"IVF nprobe={nprobe}: recall {rr:.3f}, sample search {t_s:.2f} s", flush=True)
-        if rr >= TARGET:
-            t0 = time.perf_counter()
-            ivf.search(Q, K)
-            t_full = time.perf_counter() - t0
-            best = {"system": "FAISS IVFFlat (train + add + search)",
-                    "setting": f"nlist={nlist}, nprobe={nprobe}", "recall@10 (2,000 sample)": rr,
-                    "build s": t_build, "query s": t_full, "total s": t_build + t_full,
-                    "note": "first nprobe reaching 0.9"}
-            break
-    if best:
-        rows.append(best)
-        print(best, flush=True)
+    # FAISS flat and IVFFlat (nprobe swept, the cheapest total at the target), as the scale
+    # benchmark runs them: search on the truth sample, scaled to all queries
+    for r in bench_scale.faiss_peers(faiss, X, Q[tq_rows], tids, len(Q), T):
+        r["recall@10 (2,000 sample)"] = r.pop("recall@10")
+        rows.append(r)
+        print(r, flush=True)
     lsh = rows[0]["total s"]
     for row in rows:
         row["peer / lshdist"] = row["total s"] / lsh
