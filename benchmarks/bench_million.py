@@ -6,8 +6,9 @@ same run, FAISS ``IndexFlatL2`` timed on the 2,000-query truth sample and scaled
 100,000 queries (exact for brute force; said in the output) and FAISS ``IVFFlat`` (nlist =
 sqrt(N) ~ 1,024, trained on 40 rows per list, nprobe swept; the cheapest total reaching
 recall@10 0.9 on the sample, its search also timed on the sample and scaled) — both through
-`bench_scale.faiss_peers`, as the scale benchmark runs them.  Recall@10 on the 2,000 queries with stored exact truth.  One run
-each (the 1 M build is long); 2 threads; peak RSS of the process reported.
+`bench_scale.faiss_peers`, as the scale benchmark runs them.  Recall@10 on the 2,000 queries
+with stored exact truth.  One run each (the 1 M build is long); 2 threads; peak RSS of the
+process reported.
 
     cd /work/main && .venv/bin/python benchmarks/bench_million.py
 """

@@ -377,10 +377,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     few of its own segment, so every segment searches less than for its own recall@k.
     Windows double while no point reaches the target, as in `calibrate`."""
     from lshdist.index.calibrate import (
-        HAMMING_FACTORS,
         MAX_WINDOW,
-        WINDOWS,
-        grid_permutations,
+        grid_axes,
         merged_relevance,
         pooled_points,
         recall_margin,
@@ -404,11 +402,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     log.info("true neighbours by rank within their segment (%d searched): %s", len(flat),
              " ".join(f"{w:.2f}" for w in weights))
     m_max = min(p[2] for p in flat)
-    ms = ([min(int(fixed["permutations"]), m_max)] if fixed.get("permutations")
-          else grid_permutations(m_max))
-    ws = [int(fixed["window"])] if fixed.get("window") else list(WINDOWS)
-    hs = ([int(fixed["hamming_keep"])] if fixed.get("hamming_keep") is not None
-          else [0, *[f * k for f in HAMMING_FACTORS]])
+    m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
+    ms, ws, hs = grid_axes(m_max, k, None if not m else [min(int(m), m_max)],
+                           None if not w else [int(w)], None if h is None else [int(h)])
     counts = np.sum([m.sum(axis=0) for m in masks], axis=0).astype(np.float64)
     need = min(target + recall_margin(target, int(counts.sum()), 1), 1.0)
     Q = flat[0][0].shape[0]

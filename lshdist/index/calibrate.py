@@ -326,6 +326,18 @@ def grid_permutations(m_max: int) -> list[int]:
     return [*out, m_max]
 
 
+def grid_axes(m_max: int, k: int, permutations: Sequence[int] | None = None,
+              windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None
+              ) -> tuple[list[int], list[int], list[int]]:
+    """The (M', W, H) values a calibration tries: the given ones (a parameter the user fixed),
+    else nested list counts up to ``m_max``, `WINDOWS`, and H = 0 (all) or factor x k."""
+    ms = sorted(set(permutations or grid_permutations(m_max)))
+    ws = sorted(set(windows or WINDOWS))
+    hs = sorted(set(hamming_keeps if hamming_keeps is not None
+                    else (0, *[f * k for f in HAMMING_FACTORS])))
+    return ms, ws, hs
+
+
 def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qpayload: Any,
               *, k: int, target: float, permutations: Sequence[int] | None = None,
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
@@ -362,10 +374,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     for q in range(Q):
         t = truth_ids[q][truth_ids[q] != qrows[q]][:ks]
         truth[q, : len(t)] = t
-    ms = sorted(set(permutations or grid_permutations(index.n_permutations_)))
-    ws = sorted(set(windows or WINDOWS))
-    hs = sorted(set(hamming_keeps if hamming_keeps is not None
-                    else (0, *[f * k for f in HAMMING_FACTORS])))
+    ms, ws, hs = grid_axes(index.n_permutations_, k, permutations, windows, hamming_keeps)
     if max(ms) > index.n_permutations_:
         raise InputError(f"calibration asks for {max(ms)} lists, the index has "
                          f"{index.n_permutations_}")
