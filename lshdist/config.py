@@ -281,6 +281,27 @@ class LearnConfig(Section):
     sample: int = opt(20_000, POSITIVE,
                       "labelled rows read to learn from (stratified; a larger dataset is "
                       "sampled shard by shard, never loaded whole)", metavar="n")
+    kernel: str | None = opt(None, _optional(_choice("pmk", "pdk")),
+                             "point-set datasets: the set kernel the metric is learned over, "
+                             "pyramid match or proximity distribution (the model embeds sets "
+                             "with it; index and query take it from the model)")
+    levels: int = opt(6, _int(1, 255), "pmk: pyramid levels L", metavar="L")
+    pca: int = opt(8, NONNEG, "pmk: project the local features on their top principal "
+                              "directions before binning (0: no projection)", metavar="k")
+    spatial: float = opt(1.0, _float(0.0, open_lo=False),
+                         "pmk: weight of the points' image coordinates, appended to their "
+                         "features (0: features alone)", metavar="w")
+    finest_side: float | None = opt(None, _optional(_float()),
+                                    "pmk: bin side at the finest level (default: twice the "
+                                    "features' largest range / 2^(L-1))", metavar="s")
+    codebook: int = opt(64, _int(1, 1 << 20), "pdk: visual words (k-means codebook size)",
+                        metavar="n")
+    spatial_neighbors: int = opt(8, _int(1, 255),
+                                 "pdk: R, nearest neighbours in the image counted per point",
+                                 metavar="R")
+    unnormalized: bool = opt(False, _flag(),
+                             "set kernels: the raw intersection instead of the normalised "
+                             "k(Y,Z)/sqrt(k(Y,Y)k(Z,Z))")
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ def baseline_metric(ml: ExplicitMetric | ImplicitMetric, X_train: RowsLike
     explicit metric, ``S = 0`` over the same basis for an implicit one."""
     if isinstance(ml, ExplicitMetric):
         return ExplicitMetric.identity(ml.d, center=np.asarray(X_train).mean(axis=0))
-    return ImplicitMetric.identity(ml.basis, kernel=ml.kernel_name, d=ml.d)
+    return ImplicitMetric.identity(ml.basis, kernel=ml.kernel_name, d=ml.d,
+                                   embedding=ml.embedding)
 
 
 @dataclass

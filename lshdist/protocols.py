@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from lshdist.blocks import Block, RowsLike
+    from lshdist.embed.model import SetEmbedding
 
 
 class Metric(Protocol):
@@ -29,6 +30,8 @@ class Metric(Protocol):
     kind: str
     d: int
     is_identity: bool
+    #: how sets of local features become rows (`lshdist.embed.model.SetEmbedding`), or None
+    embedding: SetEmbedding | None
 
     def check(self, X: RowsLike) -> Block:
         """``X`` as rows this metric takes, or raise `lshdist.errors.InputError`."""

@@ -66,6 +66,10 @@ def segment_shards(bounds: Sequence[int], segment_rows: int) -> list[tuple[int, 
 
 def check_data_for_model(ds: Dataset, meta: dict[str, Any], what: str) -> None:
     """The dataset's kind and d against the model's (from model.json, no arrays loaded)."""
+    emb = meta.get("embedding")
+    if emb is not None or ds.stored_kind == "pointsets":
+        check_sets_for_model(ds, emb, what)
+        return
     sparse_model = bool(meta.get("sparse"))
     if (ds.kind == "sparse") != sparse_model:
         raise InputError(f"{what} {str(ds.path)!r} is {ds.kind}, but the model was learned on "
@@ -73,6 +77,25 @@ def check_data_for_model(ds: Dataset, meta: dict[str, Any], what: str) -> None:
     if ds.d != meta["d"]:
         raise InputError(f"{what} {str(ds.path)!r} has {ds.d} features, but the model was "
                          f"learned on {meta['d']}")
+
+
+def check_sets_for_model(ds: Dataset, emb: dict[str, Any] | None, what: str) -> None:
+    """A point-set dataset against a model's set embedding (model.json's ``embedding``)."""
+    if emb is None:
+        raise InputError(f"{what} {str(ds.path)!r} holds sets of local features, but the model "
+                         "was learned on vectors: learn one on point sets with "
+                         "`lshdist learn --kernel pmk|pdk`")
+    if ds.stored_kind != "pointsets":
+        raise InputError(f"{what} {str(ds.path)!r} holds {ds.stored_kind} vectors, but the "
+                         f"model embeds sets of local features ({emb['kernel']}); give a "
+                         "point-set dataset (`lshdist ingest --features`)")
+    if int(ds.attrs["d"]) != emb["d"]:
+        raise InputError(f"{what} {str(ds.path)!r} has points of {ds.attrs['d']} features, "
+                         f"but the model's {emb['kernel']} embedding was fitted on {emb['d']}; "
+                         "ingest it with the same --features")
+    if emb["kernel"] == "pdk" and not ds.has_coords:
+        raise InputError(f"{what} {str(ds.path)!r} has no image coordinates, which the PDK "
+                         "needs; ingest the images with --features (coordinates are kept)")
 
 
 def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: bool) -> Any:
@@ -386,8 +409,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
 
     if n_parts < 2:
         return None
-    sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed, pure=False,
-                             retries=2)
+    sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed,
+                             family_f, pure=False, retries=2)
     nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, pure=False,
                          retries=2) for seg in segments]
     held += [sample_f, *nbr]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lshdist.embed.dataset import open_data
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
@@ -38,7 +39,7 @@ def fit_segment(data_path: str, shards: tuple[int, int], family: HashFamily,
                 lists: int | None, epsilon: float | None, seed: int) -> PermutationIndex:
     """Encode dataset shards ``shards[0]:shards[1]`` with the broadcast hash family and fit
     their permutation lists (kept in worker memory until `write_fitted`)."""
-    ds = Dataset(data_path)
+    ds = open_data(data_path, _metric(family).embedding)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     X = ds.read_rows(start, stop)
     codes, payload = encode(_metric(family), family, X)
@@ -67,7 +68,7 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
     if queries_path is not None:
         return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed,
                                     merged)
-    ds = Dataset(data_path)
+    ds = open_data(data_path, _metric(family).embedding)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
                           target=target, seed=seed, fixed=fixed, merged=merged)
@@ -85,7 +86,7 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
     bulk query; returns the calibration as JSON, naming the dataset sampled."""
     part = parts_of(segment)[calibrated_part(segment)]
-    queries, _ = calibration_sample(None, None, queries_path, seed)
+    queries, _ = calibration_sample(None, None, queries_path, seed, family)
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
     cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
@@ -96,18 +97,19 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
 
 
 def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
-                       queries_path: str | None, seed: int) -> tuple[Any, np.ndarray | None]:
+                       queries_path: str | None, seed: int, family: HashFamily
+                       ) -> tuple[Any, np.ndarray | None]:
     """The rows a calibration queries with — the sample `calibrate_index` takes: of the
     dataset ``queries_path``, or (leave-one-out) of the first segment's rows ``shards`` of
     ``data_path``; returns them and, leave-one-out, their ids (left out of their answers)."""
     from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
 
     if queries_path is not None:
-        qds = Dataset(queries_path)
+        qds = open_data(queries_path, _metric(family).embedding)
         return qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed)), None
     if data_path is None or shards is None:
         raise InputError("a calibration sample needs the queries or the first segment's rows")
-    ds = Dataset(data_path)
+    ds = open_data(data_path, _metric(family).embedding)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     rows = start + sample_rows(stop - start, SAMPLE_QUERIES, seed)
     return ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)
@@ -182,7 +184,7 @@ def parts_of(segment: PermutationIndex | PackedSegment) -> list[PermutationIndex
 
 
 def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
-    ds = Dataset(queries_path)
+    ds = open_data(queries_path, _metric(family).embedding)
     X = ds.read_rows(start, stop)
     codes, payload = encode(_metric(family), family, X, query=True)
     return codes, payload, ds.ids()[start:stop]

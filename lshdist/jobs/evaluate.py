@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
+from lshdist.embed.dataset import open_data
 from lshdist.errors import InputError
 from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
 from lshdist.jobs.common import int_list, positive_int
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         learn_info = {"model": args.model, **meta.get("params", {})}
     else:
         ml, learn_info, _ = learn(train, learn_cfg)
+    # a model over sets of local features reads the point sets through its embedding
+    train, test = open_data(args.train, ml.embedding), open_data(args.test, ml.embedding)
     X_train, X_test = train.read_all(), test.read_all()
     l2 = baseline_metric(ml, X_train)
     settings = HashSettings(bits=index_cfg.bits, epsilon=index_cfg.epsilon,
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                             hamming_keep=index_cfg.hamming_keep, seed=index_cfg.seed,
                             n_threads=args.threads, target_recall=index_cfg.target_recall,
                             calibration_queries=None if index_cfg.calibration_queries is None
-                            else Dataset(index_cfg.calibration_queries).read_all())
+                            else open_data(index_cfg.calibration_queries,
+                                           ml.embedding).read_all())
     n_classes = len(train.classes) if train.classes else None
     records = evaluate(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml, ks=args.k,
                        settings=settings, n_classes=n_classes, recall_k=args.recall_k)

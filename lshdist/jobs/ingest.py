@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import Any
 
+from lshdist.embed.features import FEATURES
 from lshdist.inputs import FORMATS, REGISTRY, WEIGHTINGS, read_inputs
-from lshdist.jobs.common import non_negative_int, positive_int
+from lshdist.jobs.common import add_cluster_options, non_negative_int, positive_int
 from lshdist.store.atomic import check_output
 from lshdist.store.dataset import DEFAULT_SHARD_ROWS
 
@@ -106,11 +108,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing output (default: refuse to)",
     )
+    g = p.add_argument_group(
+        "images to sets of local features",
+        "With --features the INPUTs are images — IDX image files (each followed by its labels "
+        "file), .npz files of images (X: N x H x W, optional y), or one image folder with a "
+        "sub-folder per class — and the dataset holds one set of local features per image, "
+        "with image coordinates (kind pointsets; learn over it with --kernel pmk|pdk). The "
+        "features are extracted on the cluster (options below).")
+    g.add_argument("--features", choices=FEATURES,
+                   help="the local features: pixel patches on a grid, DAISY on a grid, ORB or "
+                   "SIFT keypoints (scikit-image); default: none, the inputs are vectors")
+    g.add_argument("--patch", type=positive_int, default=4, metavar="P",
+                   help="dense-patches: patch side; daisy: descriptor radius (default "
+                   "%(default)s)")
+    g.add_argument("--step", type=positive_int, default=4, metavar="S",
+                   help="dense-patches, daisy: grid step in pixels (default %(default)s)")
+    g.add_argument("--keypoints", type=positive_int, default=50, metavar="K",
+                   help="orb, sift: at most K keypoints per image (default %(default)s)")
+    add_cluster_options(p)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.features is not None:
+        return run_features(args)
     start = time.perf_counter()
     check_output(args.out, args.overwrite)  # refuse before spending time reading
     data = read_inputs(
@@ -135,4 +157,67 @@ def run(args: argparse.Namespace) -> int:
         f"input(s) into {str(ds.path)!r}: {ds.n_shards} shard(s) of <= {args.shard_rows} rows "
         f"in {time.perf_counter() - start:.1f}s"
     )
+    return 0
+
+
+#: images per extraction task
+IMAGES_PER_TASK = 2_000
+
+
+def run_features(args: argparse.Namespace) -> int:
+    """``ingest --features``: images to a point-set dataset, features extracted on Dask."""
+    import numpy as np
+
+    from lshdist.cluster.pipeline import _progress
+    from lshdist.config import ClusterConfig, from_args
+    from lshdist.embed.features import extract_sets
+    from lshdist.errors import InputError
+    from lshdist.inputs.images import read_images
+    from lshdist.jobs.common import client_from_config
+    from lshdist.store.dataset import concat_sets, write_pointsets
+
+    start = time.perf_counter()
+    vector_only = {"--format": args.format, "--labels": args.labels,
+                   "--label-column": args.label_column, "--id-column": args.id_column,
+                   "--header": args.header, "--weighting": args.weighting,
+                   "--idf-from": args.idf_from}
+    given = [k for k, v in vector_only.items() if v is not None]
+    if given:
+        raise InputError(f"{', '.join(given)} apply to vector inputs, not to --features "
+                         "(images); drop them")
+    cluster = from_args(ClusterConfig, args)
+    check_output(args.out, args.overwrite)
+    imgs = read_images(args.inputs)
+    images, labels = imgs.images, imgs.labels
+    lo, hi = (0, len(images)) if args.rows is None else args.rows
+    if not 0 <= lo < hi <= len(images):
+        raise InputError(f"--rows {lo}:{hi} is outside the {len(images)} images; give "
+                         f"START:STOP with 0 <= START < STOP <= {len(images)}")
+    images = images[lo:hi]
+    labels = None if labels is None else labels[lo:hi]
+    ids = np.arange(lo, hi, dtype=np.int64) + args.id_offset
+    same = len({im.shape for im in images}) == 1
+    chunks = [images[i:i + IMAGES_PER_TASK] for i in range(0, len(images), IMAGES_PER_TASK)]
+    kw = dict(kind=args.features, patch=args.patch, step=args.step, keypoints=args.keypoints)
+    logger.info("extracting %s features of %d images in %d tasks", args.features, len(images),
+                len(chunks))
+    with client_from_config(cluster) as client:
+        futs = [client.submit(extract_sets, np.stack(c) if same else c, **kw, pure=False)
+                for c in chunks]
+        for _ in _progress(futs, "features", cluster.stall_timeout):
+            pass
+        parts = [f.result() for f in futs]
+    sets = concat_sets(parts, parts[0].d)
+    ds = write_pointsets(args.out, sets, labels, ids=ids, shard_rows=args.shard_rows,
+                         overwrite=args.overwrite,
+                         attrs={"features": {"kind": args.features, "patch": args.patch,
+                                             "step": args.step, "keypoints": args.keypoints}})
+    empty = int(np.sum(sets.sizes == 0))
+    size = sum(f.stat().st_size for f in ds.path.rglob("*") if f.is_file())
+    classes = "unlabelled" if ds.classes is None else f"{len(ds.classes)} classes"
+    sys.stdout.write(
+        f"ingested {ds.n} images as sets of {args.features} features ({len(sets.values)} "
+        f"points of {sets.d} values, {len(sets.values) / ds.n:.1f} per set, {empty} empty "
+        f"sets, {classes}) into {str(ds.path)!r}: {ds.n_shards} shard(s), "
+        f"{size / ds.n:.0f} bytes per set on disk, in {time.perf_counter() - start:.1f}s\n")
     return 0

@@ -8,13 +8,14 @@ import sys
 import time
 from typing import Any
 
-from lshdist.blocks import SparseBlock
+from lshdist.blocks import Block, SparseBlock
 from lshdist.config import LearnConfig, add_options, from_args
+from lshdist.embed.model import SetEmbedding
 from lshdist.errors import InputError
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
 from lshdist.store.atomic import check_output
-from lshdist.store.dataset import Dataset
+from lshdist.store.dataset import HASHED_D, Dataset
 from lshdist.store.model import save_model
 
 log = logging.getLogger(__name__)
@@ -52,18 +53,29 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
         raise InputError(f"dataset {str(data.path)!r} has no labels; ITML draws its "
                          "constraints from labels (ingest with labels)")
     rows = sample_rows_stratified(y_all, cfg.sample, cfg.seed)
-    X = data.read_row_set(rows)
+    embedding = set_embedding(data, cfg)
+    d = data.d
+    if embedding is not None:
+        sets = data.read_set_rows(rows)
+        E = embedding.fit_transform(sets)
+        d = HASHED_D
+        log.info("embedded %d sets (%d points) with the %s kernel: %d unary entries",
+                 len(sets), len(sets.values), cfg.kernel, E.nnz)
+        X: Block = E
+    else:
+        X = data.read_row_set(rows)
     y = y_all[rows]
     if len(rows) < data.n:
         log.info("learning from a stratified sample of %d of %d rows", len(rows), data.n)
     est, params = learner_from_config(cfg, sparse=isinstance(X, SparseBlock))
     t0 = time.perf_counter()
     metric, fitted, sel = select_metric(
-        lambda changes: replace_params(est, changes), params["kind"], X, y, d=data.d,
+        lambda changes: replace_params(est, changes), params["kind"], X, y, d=d,
         ks=[cfg.validation_k], validation=cfg.validation, budget=cfg.budget,
         force_learned=cfg.force_learned, search=not cfg.no_search, seed=cfg.seed,
         n_classes=int(y_all.max()) + 1)
     secs = time.perf_counter() - t0
+    metric.embedding = embedding
     chosen = next(t.changes for t in sel.trials if t.name == sel.setting)
     params.update(chosen)
     if fitted is not None:
@@ -72,6 +84,29 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
     params.update(selected=sel.selected, selection=sel.to_json(), sample_rows=len(rows),
                   seconds=round(secs, 3))
     return metric, params, secs
+
+
+def set_embedding(data: Dataset, cfg: LearnConfig) -> SetEmbedding | None:
+    """The (unfitted) set embedding ``cfg`` asks for, checked against the dataset's kind."""
+    if data.kind != "pointsets":
+        if cfg.kernel is not None:
+            raise InputError(f"--kernel {cfg.kernel} is a kernel over sets of local features, "
+                             f"but dataset {str(data.path)!r} holds {data.kind} vectors; ingest "
+                             "images with --features to get point sets")
+        return None
+    if cfg.kernel is None:
+        raise InputError(f"dataset {str(data.path)!r} holds sets of local features: choose the "
+                         "set kernel to learn over with --kernel pmk or --kernel pdk")
+    if cfg.kind == "explicit":
+        raise InputError("a set kernel needs --kind implicit (the sets' embedding has hashed "
+                         "64-bit coordinates: no d x d matrix exists)")
+    if cfg.kernel == "pdk" and not data.has_coords:
+        raise InputError(f"dataset {str(data.path)!r} has no image coordinates, which the PDK "
+                         "needs; ingest the images with --features (coordinates are kept)")
+    return SetEmbedding(cfg.kernel, levels=cfg.levels, finest_side=cfg.finest_side,
+                        words=cfg.codebook, neighbors=cfg.spatial_neighbors, spatial=cfg.spatial,
+                        pca=cfg.pca,
+                        normalize=not cfg.unnormalized, seed=cfg.seed)
 
 
 def validation_line(params: dict[str, Any]) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
 from lshdist.errors import InputError
 from lshdist.metric.kernels import get_kernel
+
+if TYPE_CHECKING:
+    from lshdist.embed.model import SetEmbedding
 
 
 def _check_dense_dim(X: RowsLike, d: int) -> np.ndarray:
@@ -42,6 +47,8 @@ class ExplicitMetric:
     """
 
     kind = "explicit"
+    #: an explicit metric takes vectors as given (only implicit models embed point sets)
+    embedding: SetEmbedding | None = None
 
     def __init__(self, A: np.ndarray, *, center: np.ndarray | None = None):
         A = np.asarray(A, np.float64)
@@ -105,7 +112,8 @@ class ImplicitMetric:
 
     kind = "implicit"
 
-    def __init__(self, basis: RowsLike, S: np.ndarray, *, kernel: str = "linear", d: int):
+    def __init__(self, basis: RowsLike, S: np.ndarray, *, kernel: str = "linear", d: int,
+                 embedding: SetEmbedding | None = None):
         self.basis = as_block(basis)
         self.S = np.asarray(S, np.float64)
         self.kernel_name = kernel
@@ -115,11 +123,14 @@ class ImplicitMetric:
         self.Q = self.S + self.S.T + self.S.T @ self.K0 @ self.S
         self.c = n_rows(self.basis)
         self.is_identity = not self.S.any()
+        #: how sets of local features become this metric's rows (None: rows are given)
+        self.embedding = embedding
 
     @classmethod
-    def identity(cls, basis: RowsLike, *, kernel: str = "linear", d: int) -> ImplicitMetric:
+    def identity(cls, basis: RowsLike, *, kernel: str = "linear", d: int,
+                 embedding: SetEmbedding | None = None) -> ImplicitMetric:
         c = n_rows(basis)
-        return cls(basis, np.zeros((c, c)), kernel=kernel, d=d)
+        return cls(basis, np.zeros((c, c)), kernel=kernel, d=d, embedding=embedding)
 
     def check(self, X: RowsLike) -> Block:
         B = as_block(X)

@@ -7,10 +7,17 @@ Layout of a dataset directory::
     X                        dense: float32 (N, d), chunked (shard_rows, d): a chunk is a shard
     X/indptr, X/indices,     sparse CSR: int64 (N+1,), uint64 (nnz,), float32 (nnz,)
     X/data, X/shard_bounds   int64 (n_shards+1,): the first row of every shard, then N
+    P/values, P/offsets,     point sets (kind "pointsets"): float32 (T, d) local features of
+    P/coords                 all sets, set after set; int64 (N+1,) where each set starts;
+                             optional float32 (T, 2) image coordinates.  ``d`` is the feature
+                             dimension of a point, ``nnz`` the number of points T
     y                        optional int32 label codes (index into ``classes``)
     ids                      int64 row ids (default 0..N-1)
 
-A shard is read alone: only the Zarr chunks that overlap its rows are fetched.
+A shard is read alone: only the Zarr chunks that overlap its rows are fetched.  A point-set
+dataset's rows are sets (`lshdist.embed.pointsets.PointSets`, read by `Dataset.read_sets`); the
+vector readers refuse them: a model with a set kernel maps them to rows
+(`lshdist.embed.dataset.open_data`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import zarr
 from numpy.typing import ArrayLike
 
 from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_sparse
+from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
@@ -93,22 +101,8 @@ def write_dataset(
     else:
         X = check_numeric_matrix(X)
         kind, (n, d) = "dense", X.shape
-    if y is not None:
-        y = check_labels(y, n)
-        if classes is None:
-            classes_arr, codes = np.unique(y, return_inverse=True)
-            classes = [str(c) for c in classes_arr.tolist()]
-            y = codes
-        y = np.asarray(y)
-        if y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= len(classes))):
-            raise InputError(f"label codes must be integers in [0, {len(classes)}), got {y[:5]}...")
-        y = y.astype(np.int32)
-    if ids is None:
-        ids = np.arange(n, dtype=np.int64)
-    else:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.shape != (n,):
-            raise InputError(f"ids has shape {ids.shape}, but X has {n} rows; give one id per row")
+    y, classes = _label_codes(y, n, classes)
+    ids = _row_ids(ids, n)
 
     bounds = _shard_bounds(n, int(shard_rows))
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
@@ -143,6 +137,85 @@ def write_dataset(
             }
         )
     return Dataset(path)
+
+
+def write_pointsets(
+    path: str | os.PathLike[str],
+    sets: PointSets,
+    y: ArrayLike | None = None,
+    *,
+    ids: ArrayLike | None = None,
+    classes: list[str] | None = None,
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    overwrite: bool = False,
+    attrs: dict[str, Any] | None = None,
+) -> Dataset:
+    """Write a point-set dataset (one row a set of local features), atomically.
+
+    Parameters
+    ----------
+    sets : PointSets
+        The sets (point weights are not stored: every point of an ingested set weighs 1).
+    y, ids, classes, shard_rows, overwrite, attrs
+        As in `write_dataset`: a shard is ``shard_rows`` sets.
+    """
+    if not isinstance(shard_rows, (int, np.integer)) or shard_rows < 1:
+        raise InputError(f"shard_rows={shard_rows!r}: the shard size must be an integer >= 1")
+    if not isinstance(sets, PointSets):
+        raise InputError(f"sets must be PointSets, got {type(sets).__name__}")
+    if sets.weights is not None:
+        raise InputError("point weights are not stored in a dataset; give sets without weights")
+    n = len(sets)
+    if n == 0:
+        raise InputError("no sets given (0 rows); give at least one set")
+    if len(sets.values) == 0:
+        raise InputError("every set is empty (0 points in all); nothing to store")
+    codes, classes = _label_codes(y, n, classes)
+    ids_arr = _row_ids(ids, n)
+    bounds = _shard_bounds(n, int(shard_rows))
+    d = sets.d
+    point_chunk = int(max(1, min(len(sets.values), (1 << 22) // (4 * d))))
+    with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
+        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        gp = g.create_group("P")
+        gp.create_array("values", data=sets.values, chunks=(point_chunk, d))
+        gp.create_array("offsets", data=sets.offsets, chunks=(int(min(shard_rows, n)) + 1,))
+        if sets.coords is not None:
+            gp.create_array("coords", data=sets.coords[:, :2], chunks=(point_chunk, 2))
+        if codes is not None:
+            g.create_array("y", data=codes, chunks=(int(min(shard_rows, n)),))
+        g.create_array("ids", data=ids_arr, chunks=(int(min(shard_rows, n)),))
+        g.attrs.update({"format": FORMAT, "version": VERSION, "N": int(n), "d": int(d),
+                        "kind": "pointsets", "nnz": len(sets.values),
+                        "shard_rows": int(shard_rows), "n_shards": int(len(bounds) - 1),
+                        "classes": classes, **(attrs or {})})
+    return Dataset(path)
+
+
+def _label_codes(y: ArrayLike | None, n: int, classes: list[str] | None
+                 ) -> tuple[np.ndarray | None, list[str] | None]:
+    """Labels as int32 codes into ``classes`` (made from the sorted labels when not given)."""
+    if y is None:
+        return None, classes
+    y = check_labels(y, n)
+    if classes is None:
+        classes_arr, codes = np.unique(y, return_inverse=True)
+        classes = [str(c) for c in classes_arr.tolist()]
+        y = codes
+    y = np.asarray(y)
+    if y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= len(classes))):
+        raise InputError(f"label codes must be integers in [0, {len(classes)}), got {y[:5]}...")
+    return y.astype(np.int32), classes
+
+
+def _row_ids(ids: ArrayLike | None, n: int) -> np.ndarray:
+    if ids is None:
+        return np.arange(n, dtype=np.int64)
+    out = np.asarray(ids, dtype=np.int64)
+    if out.shape != (n,):
+        raise InputError(f"ids has shape {out.shape}, but there are {n} rows; give one id per "
+                         "row")
+    return out
 
 
 def write_dense_shards(
@@ -213,14 +286,14 @@ def _check_attrs(attrs: dict[str, Any], path: Path) -> None:
             raise FormatError(f"{where}: {key}={v!r}, expected an integer >= {lo}; the dataset "
                               "is corrupted, re-ingest it")
     kind = attrs.get("kind")
-    if kind not in ("dense", "sparse"):
-        raise FormatError(f"{where}: kind={kind!r}, expected 'dense' or 'sparse'; the dataset "
-                          "is corrupted, re-ingest it")
+    if kind not in ("dense", "sparse", "pointsets"):
+        raise FormatError(f"{where}: kind={kind!r}, expected 'dense', 'sparse' or 'pointsets'; "
+                          "the dataset is corrupted, re-ingest it")
     nnz = attrs.get("nnz")
-    if kind == "sparse" and (not isinstance(nnz, int) or isinstance(nnz, bool) or nnz < 0):
+    if kind != "dense" and (not isinstance(nnz, int) or isinstance(nnz, bool) or nnz < 0):
         raise FormatError(f"{where}: nnz={nnz!r}, expected an integer >= 0 for sparse data; "
                           "the dataset is corrupted, re-ingest it")
-    if kind == "dense" and attrs["n_shards"] != -(-attrs["N"] // attrs["shard_rows"]):
+    if kind != "sparse" and attrs["n_shards"] != -(-attrs["N"] // attrs["shard_rows"]):
         raise FormatError(f"{where}: n_shards={attrs['n_shards']} but N={attrs['N']} rows in "
                           f"shards of {attrs['shard_rows']}; the dataset is corrupted, "
                           "re-ingest it")
@@ -296,12 +369,21 @@ class Dataset:
 
     def _check_arrays(self) -> None:
         """Shapes and dtypes from the arrays' metadata (and the shard bounds): cheap."""
-        g, n, d = self._group, self.n, self.d
-        if self.kind == "dense":
+        g, n, d = self._group, self.n, int(self.attrs["d"])
+        if self.stored_kind == "dense":
             xa = self._array("X")
             if tuple(xa.shape) != (n, d) or xa.dtype != np.float32:
                 raise self._damaged(f"X is {xa.dtype} {tuple(xa.shape)}, the attributes say "
                                     f"float32 ({n}, {d})")
+        elif self.stored_kind == "pointsets":
+            specs = {"P/values": (np.float32, (self.nnz, d)), "P/offsets": (np.int64, (n + 1,))}
+            if "P/coords" in g:
+                specs["P/coords"] = (np.float32, (self.nnz, 2))
+            for name, (dtype, shape) in specs.items():
+                a = self._array(name)
+                if tuple(a.shape) != shape or a.dtype != dtype:
+                    raise self._damaged(f"{name} is {a.dtype} {tuple(a.shape)}, expected "
+                                        f"{np.dtype(dtype)} {shape}")
         else:
             specs = {"X/indptr": (np.int64, (n + 1,)), "X/indices": (np.uint64, (self.nnz,)),
                      "X/data": (np.float32, (self.nnz,))}
@@ -342,7 +424,10 @@ class Dataset:
         for shard in self.shards():
             where = f"rows {shard.start}:{shard.stop}"
             with self._reading(f"{where} of X"):
-                if self.kind == "dense":
+                if self.stored_kind == "pointsets":
+                    self.read_sets(shard.start, shard.stop)  # checks offsets and values
+                    continue
+                if self.stored_kind == "dense":
                     block = self.read_rows(shard.start, shard.stop)
                     if not np.isfinite(cast(np.ndarray, block)).all():  # dense rows
                         raise self._damaged(f"{where} of X hold NaN or infinite values")
@@ -364,7 +449,7 @@ class Dataset:
                 if np.any(same_row & ~rising):
                     raise self._damaged(f"feature ids of {where} are not sorted and unique "
                                         "within each row")
-        if self.kind == "sparse":
+        if self.stored_kind == "sparse":
             with self._reading("X/indptr"):
                 ends = self._array("X/indptr")
                 first = int(np.asarray(ends[0:1])[0])
@@ -386,6 +471,13 @@ class Dataset:
 
     @property
     def kind(self) -> str:
+        """What the rows read are: ``dense``, ``sparse`` or ``pointsets`` (sets of local
+        features; a model's set embedding reads them as sparse rows)."""
+        return str(self.attrs["kind"])
+
+    @property
+    def stored_kind(self) -> str:
+        """The kind on disk (`kind` may differ for a view of the dataset)."""
         return str(self.attrs["kind"])
 
     @property
@@ -397,8 +489,13 @@ class Dataset:
         return self.attrs.get("classes")
 
     @property
+    def has_coords(self) -> bool:
+        """Point sets with image coordinates (the PDK needs them)."""
+        return self.stored_kind == "pointsets" and "P/coords" in self._group
+
+    @property
     def shard_bounds(self) -> np.ndarray:
-        if self.kind == "sparse":
+        if self.stored_kind == "sparse":
             return self._bounds
         return _shard_bounds(self.n, int(self.attrs["shard_rows"]))
 
@@ -419,6 +516,9 @@ class Dataset:
             "d": self.d,
             "kind": self.kind,
             "nnz": self.nnz if self.kind == "sparse" else self.n * self.d,
+            **({"points": self.nnz, "coords": self.has_coords,
+                "nnz": int(self.nnz or 0) * int(self.attrs["d"])}
+               if self.stored_kind == "pointsets" else {}),
             "shards": self.n_shards,
             "shard_rows": int(self.attrs["shard_rows"]),
             "classes": None if self.classes is None else len(self.classes),
@@ -455,8 +555,50 @@ class Dataset:
         with self._reading("ids"):
             return np.asarray(self._array("ids")[:], dtype=np.int64)
 
+    def _refuse_sets(self) -> InputError:
+        return InputError(
+            f"dataset {str(self.path)!r} holds sets of local features (kind pointsets), not "
+            "vectors: learn a model with a set kernel (`lshdist learn --kernel pmk|pdk`) and "
+            "index or query the sets with that model")
+
+    def read_sets(self, start: int, stop: int) -> PointSets:
+        """Sets ``start:stop`` of a point-set dataset, validated (offsets, finite values)."""
+        if self.stored_kind != "pointsets":
+            raise InputError(f"dataset {str(self.path)!r} holds {self.stored_kind} vectors, "
+                             "not sets of local features; ingest images with --features")
+        if not 0 <= start <= stop <= self.n:
+            raise InputError(f"rows {start}:{stop} out of range 0..{self.n}")
+        with self._reading(f"sets {start}:{stop}"):
+            off = np.asarray(self._array("P/offsets")[start:stop + 1], dtype=np.int64)
+            lo, hi = int(off[0]), int(off[-1])
+            if lo < 0 or hi > (self.nnz or 0) or np.any(np.diff(off) < 0):
+                raise self._damaged(f"P/offsets of sets {start}:{stop} do not rise within "
+                                    f"[0, {self.nnz}]")
+            values = np.asarray(self._array("P/values")[lo:hi], dtype=np.float32)
+            coords = (np.asarray(self._array("P/coords")[lo:hi], dtype=np.float32)
+                      if self.has_coords else None)
+        try:
+            return PointSets.from_arrays(values, off - lo, coords=coords)
+        except InputError as exc:
+            raise self._damaged(f"sets {start}:{stop}: {exc}") from None
+
+    def read_set_rows(self, rows: np.ndarray) -> PointSets:
+        """The sets numbered ``rows`` (sorted, unique), read shard by shard."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows[0] < 0 or rows[-1] >= self.n or np.any(np.diff(rows) <= 0)):
+            raise InputError(f"row numbers must be sorted, unique and in 0..{self.n - 1}")
+        b = self.shard_bounds
+        parts = []
+        for i in range(self.n_shards):
+            lo, hi = np.searchsorted(rows, [b[i], b[i + 1]])
+            if hi > lo:
+                parts.append(self.read_sets(int(b[i]), int(b[i + 1])).take(rows[lo:hi] - b[i]))
+        return concat_sets(parts, int(self.attrs["d"]))
+
     def read_rows(self, start: int, stop: int) -> Block:
         """Rows ``start:stop``: a float32 array, or a `SparseBlock`."""
+        if self.kind == "pointsets":
+            raise self._refuse_sets()
         with self._reading(f"rows {start}:{stop} of X"):
             if self.kind == "dense":
                 return np.ascontiguousarray(self._array("X")[start:stop], dtype=np.float32)
@@ -469,6 +611,8 @@ class Dataset:
     def read_row_set(self, rows: np.ndarray) -> Block:
         """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds one
         shard and the selected rows, never the whole dataset."""
+        if self.kind == "pointsets":
+            raise self._refuse_sets()
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows[0] < 0 or rows[-1] >= self.n or np.any(np.diff(rows) <= 0)):
             raise InputError(f"row numbers must be sorted, unique and in 0..{self.n - 1}")
@@ -504,6 +648,8 @@ class Dataset:
         import dask.array as da
         from dask.delayed import delayed
 
+        if self.kind == "pointsets":
+            raise self._refuse_sets()
         if self.kind == "dense":
             # dask is partly annotated: from_zarr is not (an untyped call into a dependency)
             return da.from_zarr(self._array("X"))  # type: ignore[no-untyped-call]
@@ -512,3 +658,15 @@ class Dataset:
 
 def _read_shard(path: str, i: int) -> Block:
     return Dataset(path).read_shard(i)
+
+
+def concat_sets(parts: list[PointSets], d: int) -> PointSets:
+    """Sets of several `PointSets` (one feature dimension ``d``), in order."""
+    if not parts:
+        return PointSets(np.zeros((0, d), np.float32), np.zeros(1, np.int64))
+    coords = None
+    if all(p.coords is not None for p in parts):
+        coords = np.concatenate([cast(np.ndarray, p.coords) for p in parts])
+    sizes = np.concatenate([p.sizes for p in parts])
+    return PointSets(np.concatenate([p.values for p in parts]),
+                     np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), None, coords)

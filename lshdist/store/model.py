@@ -55,6 +55,8 @@ def _metric_arrays(metric: object) -> dict[str, np.ndarray]:
             out.update({"basis/indptr": indptr, "basis/indices": indices, "basis/data": data})
         else:
             out["basis"] = np.asarray(metric.basis, np.float32)
+        if metric.embedding is not None:
+            out.update(metric.embedding.arrays())
         return out
     raise InputError(f"cannot save a {type(metric).__name__}")
 
@@ -76,6 +78,7 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
         "sparse": isinstance(getattr(metric, "basis", None), SparseBlock),
         "seed": int(seed),
         "params": params or {},
+        "embedding": None if metric.embedding is None else metric.embedding.to_json(),
         "checksums": checksums,
         "checksum": model_sum,
     }
@@ -116,7 +119,15 @@ def expected_arrays(meta: dict[str, Any]) -> list[set[str]]:
     if meta["kind"] == "explicit":
         return [{"A"}, {"A", "center"}]
     if meta["sparse"]:
-        return [{"S", "basis/indptr", "basis/indices", "basis/data"}]
+        names = {"S", "basis/indptr", "basis/indices", "basis/data"}
+        emb = meta.get("embedding")
+        if isinstance(emb, dict) and emb.get("kernel") == "pmk":
+            names.add("embedding/shift")
+            if emb.get("pca"):
+                names |= {"embedding/pca_mean", "embedding/pca_components"}
+        elif isinstance(emb, dict):
+            names.add("embedding/codebook")
+        return [names]
     return [{"S", "basis"}]
 
 
@@ -128,6 +139,11 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
         v = meta[key]
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
             raise FormatError(f"{where}: {key}={v!r} is not {what}; {_RELEARN}")
+    emb = meta.get("embedding")
+    if emb is not None and (not isinstance(emb, dict) or meta["kind"] != "implicit"
+                            or not meta["sparse"]):
+        raise FormatError(f"{where}: embedding={emb!r}: a set embedding belongs to an implicit "
+                          f"model over sparse rows; {_RELEARN}")
     if meta["kind"] not in ("explicit", "implicit") or meta["d"] < 1 or (
             meta["c"] is not None and meta["c"] < 1):
         raise FormatError(f"{where}: kind={meta['kind']!r}, d={meta['d']!r}, c={meta['c']!r}: "
@@ -250,4 +266,9 @@ def _metric_from_arrays(arrays: dict[str, np.ndarray],
                 or indptr[-1] != nnz or np.any(np.diff(indptr) < 0)):
             raise InputError(f"basis/indptr does not delimit {c} rows of {nnz} entries")
         basis = SparseBlock.from_arrays(indptr, arrays["basis/indices"], arrays["basis/data"])
-    return ImplicitMetric(basis, arrays["S"], kernel=meta["kernel"], d=d)
+    embedding = None
+    if meta.get("embedding") is not None:
+        from lshdist.embed.model import SetEmbedding
+
+        embedding = SetEmbedding.from_json(meta["embedding"], arrays)
+    return ImplicitMetric(basis, arrays["S"], kernel=meta["kernel"], d=d, embedding=embedding)
