@@ -220,12 +220,14 @@ def _print_report(cfg: RunConfig, train: Dataset, test: Dataset, ks: list[int],
 
 def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Path) -> None:
     """The evaluation plots (accuracy / % searched vs b, recall vs % searched), one process."""
+    from lshdist.embed.dataset import open_data
     from lshdist.evaluation import HashSettings, baseline_metric, sweep
     from lshdist.plots import plot_bits, plot_recall
     from lshdist.store.model import load_model
 
     ml, _ = load_model(model)
-    Xtr, Xte = train.read_all(), test.read_all()
+    Xtr = open_data(train.path, ml.embedding).read_all()
+    Xte = open_data(test.path, ml.embedding).read_all()
     l2 = baseline_metric(ml, Xtr)
     ic = cfg.index
     op = q_point(work / "index")  # the sweeps vary one parameter around the index's point

@@ -37,9 +37,14 @@ def array_checksum(a: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def checksums_digest(checksums: dict[str, str]) -> str:
-    """The model checksum: sha256 over the per-array checksums (canonical JSON)."""
-    return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()
+def checksums_digest(checksums: dict[str, str],
+                     embedding: dict[str, Any] | None = None) -> str:
+    """The model checksum: sha256 over the per-array checksums (canonical JSON), and over the
+    set embedding's parameters when the model has one (they change every row it reads)."""
+    what: dict[str, Any] = dict(checksums)
+    if embedding is not None:
+        what = {"arrays": checksums, "embedding": embedding}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def _metric_arrays(metric: object) -> dict[str, np.ndarray]:
@@ -67,7 +72,8 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
     """Write ``metric`` to the directory ``path`` atomically; return the model checksum."""
     arrays = _metric_arrays(metric)
     checksums = {name: array_checksum(a) for name, a in arrays.items()}
-    model_sum = checksums_digest(checksums)
+    embedding = None if metric.embedding is None else metric.embedding.to_json()
+    model_sum = checksums_digest(checksums, embedding)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -78,7 +84,7 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
         "sparse": isinstance(getattr(metric, "basis", None), SparseBlock),
         "seed": int(seed),
         "params": params or {},
-        "embedding": None if metric.embedding is None else metric.embedding.to_json(),
+        "embedding": embedding,
         "checksums": checksums,
         "checksum": model_sum,
     }
@@ -156,7 +162,7 @@ def _check_meta(meta: dict[str, Any], path: Path) -> None:
         want = " or ".join(str(sorted(e)) for e in expected_arrays(meta))
         raise FormatError(f"{where}: checksums name arrays {sorted(sums)}, a {meta['kind']} "
                           f"model has {want}; the model is damaged, {_RELEARN}")
-    digest = checksums_digest(sums)
+    digest = checksums_digest(sums, meta.get("embedding"))
     if digest != meta["checksum"]:
         raise FormatError(f"{where}: checksum {meta['checksum'][:12]}... does not match its "
                           f"checksums ({digest[:12]}...); the model is damaged, {_RELEARN}")

@@ -136,9 +136,8 @@ def test_negative_id_offset_is_a_usage_error(tmp_path, capsys, small):
 def test_every_ingest_option_states_its_default():
     import argparse
 
-    from lshdist.jobs import ingest
-
     from lshdist.config import ClusterConfig
+    from lshdist.jobs import ingest
 
     parser = ingest.add_parser(argparse.ArgumentParser().add_subparsers())
     cluster = set(ClusterConfig.__dataclass_fields__)  # the cluster section's own convention
