@@ -429,8 +429,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     ms, ws, hs = grid_axes(m_max, k, None if not m else [min(int(m), m_max)],
                            None if not w else [int(w)], None if h is None else [int(h)])
     counts = np.sum([m.sum(axis=0) for m in masks], axis=0).astype(np.float64)
-    need = min(target + recall_margin(target, int(counts.sum()), 1), 1.0)
     Q = flat[0][0].shape[0]
+    need = min(target + recall_margin(target, Q), 1.0)
     per_seg, i = [], 0
     for seg in parts:
         per_seg.append(masks[i: i + len(seg)])
