@@ -28,6 +28,8 @@ transform is what the workers re-rank with):
 * Spark MLlib: not measured (no pyspark in this environment; said in the output).
 
     cd /work/main && .venv/bin/python benchmarks/bench_scale.py [--sizes 1,4,8,17]
+
+(``BENCH_NAME=other`` writes ``results/other.{json,md}`` instead of ``scale_fashion``.)
 """
 
 import common  # noqa: I001  (first: pins threads before numpy loads)
@@ -333,7 +335,7 @@ def main():
             print("  ", {k: (round(x, 3) if isinstance(x, float) else x)
                          for k, x in r.items()}, flush=True)
         common.write_results(
-            "scale_fashion", {"Systems by size (k=10, target 0.9, 2 threads / 2 workers)": rows,
+            os.environ.get("BENCH_NAME", "scale_fashion"), {"Systems by size (k=10, target 0.9, 2 threads / 2 workers)": rows,
                               "lshdist stages by size": stage_rows},
             title="Growth with N: shifted Fashion-MNIST, lshdist on 2 Dask workers vs peers",
             notes=["See benchmarks/bench_scale.py's docstring for what is measured, scaled "

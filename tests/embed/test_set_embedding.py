@@ -168,6 +168,12 @@ def test_extractors_on_real_shapes():
     assert o.d == 256 and 0 < o.sizes[0] <= 20
     assert set(np.unique(o.values)) <= {0.0, 1.0}
     assert o.coords is not None and o.coords.min() >= 0 and o.coords.max() < 28
+    from scipy.ndimage import gaussian_filter
+
+    t = gaussian_filter(rng.random((28, 28)), 1.5)  # blobs for the detector
+    f = extract_sets(t[None], "sift", keypoints=7)
+    assert f.d == 128 and 0 < f.sizes[0] <= 7
+    assert f.coords is not None and f.coords.min() >= 0 and f.coords.max() < 28
     blank = extract_sets(np.zeros((1, 28, 28)), "dense-patches")
     assert blank.sizes[0] == 0
     with pytest.raises(InputError, match="choose one of"):
