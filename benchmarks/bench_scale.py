@@ -335,8 +335,9 @@ def main():
             print("  ", {k: (round(x, 3) if isinstance(x, float) else x)
                          for k, x in r.items()}, flush=True)
         common.write_results(
-            os.environ.get("BENCH_NAME", "scale_fashion"), {"Systems by size (k=10, target 0.9, 2 threads / 2 workers)": rows,
-                              "lshdist stages by size": stage_rows},
+            os.environ.get("BENCH_NAME", "scale_fashion"),
+            {"Systems by size (k=10, target 0.9, 2 threads / 2 workers)": rows,
+             "lshdist stages by size": stage_rows},
             title="Growth with N: shifted Fashion-MNIST, lshdist on 2 Dask workers vs peers",
             notes=["See benchmarks/bench_scale.py's docstring for what is measured, scaled "
                    "and extrapolated.", "Spark MLlib: not measured (pyspark is not installed "
