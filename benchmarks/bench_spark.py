@@ -3,7 +3,7 @@
 What a Spark user would run for bulk k-NN under L2: fit the LSH model on the database, then
 ``approxSimilarityJoin`` of the database with the queries within a distance threshold, and the
 top 10 per query by a window.  Measured on a subsample — the 60,000-row database of
-``make_million --variants 1`` (``out/scale/data-v1``) and ``BENCH_SPARK_Q`` (default 500) of its
+``make_million --variants 1`` (``out/scale/data-v1``) and ``BENCH_SPARK_Q`` (default 200) of its
 2,000 truth queries — with ``local[2]`` (2 cores, the same as lshdist's 2 workers), then
 extrapolated to the 1,020,000 × 100,000 run of ``bench_scale.py``: the model's transform in
 proportion to the rows hashed (N + Q), the join in proportion to N·Q (the candidate pairs at a
@@ -27,10 +27,14 @@ import numpy as np
 from lshdist.store.dataset import Dataset
 
 DATA = Path(os.environ.get("BENCH_SPARK_DATA", "out/scale/data-v1"))
-NQ = int(os.environ.get("BENCH_SPARK_Q", "500"))
+NQ = int(os.environ.get("BENCH_SPARK_Q", "200"))
 BIG_N, BIG_Q = 1_020_000, 100_000
-BUCKETS = (1000.0, 2000.0, 4000.0)
-TABLES = (2, 4, 8)
+#: pixel rows have norms of ~2,000-3,000 and 10th-neighbour distances of ~1,300, so the
+#: difference of neighbours projects with a spread of ~1,300/sqrt(784) = 46: bucket lengths
+#: around it (a first grid of 1,000-4,000 put nearly all rows in one or two buckets per
+#: table and the join compared all pairs)
+BUCKETS = (12.0, 25.0, 50.0, 100.0)
+TABLES = (1, 2, 4, 8)
 
 
 def main() -> None:
