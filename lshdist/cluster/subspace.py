@@ -3,15 +3,16 @@
 
 Build.  The dataset is a tall dask array (one chunk a shard); ``Z = G x`` (or ``x`` for an
 identity model) and its centred copy ``Zc`` are computed per shard and kept in worker memory.
-Each round of the partition runs `block_krylov` on ``Zc`` with the rows already captured set to
-zero (the same ``Aᵀ A P`` as on the remaining rows alone): every product is a dask.array
-expression over the shards, and only d x k and (q+1)k-square matrices reach the driver.  The
-residuals to the round's subspace are computed per shard and stay there; α's median is found by
-an exact distributed selection (`masked_kth`: counts per shard, then the few values of the last
-bracket); the captured rows are marked per shard.  Then every shard splits its rows by group
-(on its worker), one task per group gathers its members, orders them by id and makes the group
-with `lshdist.index.subspace.make_group` — the function the one-process index uses, so the same
-data and seed give the same groups, codes and answers — and writes it as a segment
+Each round of the partition runs `block_krylov` on the rows not captured yet (each shard's
+kept on its worker): every product is a dask.array expression over the shards (one task per
+shard, then a sum), and only d x k and (q+1)k-square matrices reach the driver.  The
+residuals of the remaining rows to the round's subspace are computed per shard and stay
+there; α's median is found by an exact distributed selection (`masked_kth`: counts per shard,
+then the few values of the last bracket); the captured rows are marked per shard.  Then
+every shard splits its rows by group (on its worker), one task per group gathers its members,
+orders them by id and makes the group with `lshdist.index.subspace.make_group` — the function
+the one-process index uses, so the same data and seed give the same groups, codes and answers —
+and writes it as a segment
 (`lshdist.store.subspace`).  The driver writes the subspaces (the router) and the manifest,
 last, in the index's temporary directory, renamed into place under the index lock.
 
@@ -109,8 +110,12 @@ def centre_block(Z: np.ndarray, center: np.ndarray) -> np.ndarray:
     return out
 
 
-def residual_block(Zc: np.ndarray, V: np.ndarray) -> np.ndarray:
-    return subspace_residuals(Zc, V)
+def residual_block(Zc: np.ndarray, remaining: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """Distances of a shard's remaining rows to the subspace ``V`` (inf for the others)."""
+    mask = remaining[:, 0]
+    out = np.full(len(Zc), np.inf)
+    out[mask] = subspace_residuals(Zc[mask], V)
+    return out
 
 
 def sorted_masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -327,11 +332,17 @@ def partition(client: Any, data: Dataset, model: str, cfg: IndexConfig, min_grou
     for t in range(int(cfg.max_rounds)):
         if n_rem < min_group:
             break
-        V = block_krylov(Zc * remaining[:, None], k, q, seed=group_seed(cfg.seed, 0, t))
-        res = client.persist(Zc.map_blocks(residual_block, V, drop_axis=1, dtype=np.float64,
-                                           meta=np.empty(0, np.float64)))
+        t0 = time.perf_counter()
+        V = block_krylov(_remaining_rows(client, Zc, remaining, t), k, q,
+                         seed=group_seed(cfg.seed, 0, t))
+        t1 = time.perf_counter()
+        res = client.persist(da.map_blocks(  # type: ignore[no-untyped-call]
+            residual_block, Zc, remaining[:, None], V, drop_axis=1, dtype=np.float64,
+            meta=np.empty(0, np.float64)))
         alpha = (float(cfg.alpha) if cfg.alpha is not None
                  else masked_median(client, res, remaining, n_rem) / float(np.sqrt(2.0)))
+        log.debug("round %d: block Krylov %.2fs, residuals and alpha %.2fs", t, t1 - t0,
+                  time.perf_counter() - t1)
         threshold = scale * alpha
         inside = client.persist((res <= threshold) & remaining)
         captured = int(inside.sum().compute())
@@ -346,10 +357,21 @@ def partition(client: Any, data: Dataset, model: str, cfg: IndexConfig, min_grou
         n_rem -= captured
     final = n_rem > 0
     if final:
-        V = block_krylov(Zc * remaining[:, None], k, q, seed=group_seed(cfg.seed, 0, len(rounds)))
+        V = block_krylov(_remaining_rows(client, Zc, remaining, len(rounds)), k, q,
+                         seed=group_seed(cfg.seed, 0, len(rounds)))
         group_of = client.persist(da.where(remaining, len(bases), group_of))
         bases.append(V)
     return Partition(bases, rounds, final, center, Z, Zc, group_of)
+
+
+def _remaining_rows(client: Any, Zc: Any, remaining: Any, t: int) -> Any:
+    """The rows not captured yet, each shard's kept where it is (persisted, with their row
+    counts known): round t's Krylov passes read only these, as `SubspaceIndex.fit` does."""
+    if t == 0:
+        return Zc
+    out = client.persist(Zc[remaining])
+    out.compute_chunk_sizes()  # `block_krylov` checks the shape
+    return out
 
 
 def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,

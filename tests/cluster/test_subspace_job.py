@@ -176,6 +176,7 @@ def test_manifest_round_trip_and_verify(built, tmp_path):
     assert m["subspace"]["version"] == 1 and m["subspace"]["bits"] == 16
     assert sum(m["subspace"]["group_sizes"]) == N
     assert main(["verify", str(built)]) == 0
+    assert main(["info", str(built)]) == 0
     # an edited manifest (its checksum no longer matches) is refused
     bad = tmp_path / "idx"
     shutil.copytree(built, bad)
