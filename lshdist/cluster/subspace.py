@@ -12,8 +12,7 @@ then the few values of the last bracket); the captured rows are marked per shard
 every shard splits its rows by group (on its worker), one task per group gathers its members,
 orders them by id and makes the group with `lshdist.index.subspace.make_group` — the function
 the one-process index uses, so the same data and seed give the same groups, codes and answers —
-and writes it as a segment
-(`lshdist.store.subspace`).  The driver writes the subspaces (the router) and the manifest,
+and writes it as a segment (`lshdist.store.subspace`).  The driver writes the subspaces (the router) and the manifest,
 last, in the index's temporary directory, renamed into place under the index lock.
 
 Query.  The model and the router are loaded once on a worker each and replicated; the group
@@ -22,8 +21,8 @@ queries to ``G x``, routes them (`probe_mask`: the ``n_probe`` nearest subspaces
 they hold fewer than k rows), one task per (chunk, group) runs where the group lives and
 searches the chunk's queries routed there (`search_group`), and the partial top-k lists are
 merged by (distance, id) and written as Parquet parts (`lshdist.cluster.tasks.merge_and_write`,
-the permutation index's writer).  ``--mode scan`` probes every group and re-ranks every member:
-the exact answer.
+the permutation index's writer).  ``--mode scan`` searches every group by the exact scan: the
+exact answer under the index's metric.
 """
 
 from __future__ import annotations
@@ -182,16 +181,25 @@ def route_chunk(queries_path: str, start: int, stop: int, metric: ExplicitMetric
     return Zqc, mask, np.asarray(ds.ids()[start:stop], np.int64), Zq
 
 
-def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidates: int
-                      ) -> tasks.Partial:
-    """Partial top-k of one query chunk in one group (queries not routed there: inf / -1)."""
+def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidates: int,
+                      mode: str = "hash") -> tasks.Partial:
+    """Partial top-k of one query chunk in one group (queries not routed there: inf / -1);
+    ``mode="scan"``: every member of the group, by the exact scan (`scan_topk`)."""
+    from lshdist.index.payload import DensePayload
+    from lshdist.index.scan import scan_topk
+
     Zqc, mask, _, Zq = routed
     Q = len(Zq)
     dist = np.full((Q, k), np.inf, np.float32)
     ids = np.full((Q, k), -1, np.int64)
     reranked = np.zeros(Q, np.int64)
     qs = np.flatnonzero(mask[:, segment.number])
-    if len(qs):
+    if len(qs) and mode == "scan":
+        m = min(k, len(segment))
+        dist[qs, :m], ids[qs, :m] = scan_topk(segment.payload, DensePayload(Zq[qs]), m,
+                                              ids=segment.ids)
+        reranked[qs] = len(segment)
+    elif len(qs):
         d, i, c = search_group(segment.group, segment.payload, segment.ids, Zqc[qs], Zq[qs], k,
                                n_candidates)
         dist[qs], ids[qs], reranked[qs] = d, i, c
@@ -513,7 +521,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
         enc = client.submit(route_chunk, str(qds.path), a, b, metric_f, router_f, sizes, cfg.k,
                             plan.n_probe, pure=False, retries=2)
         parts = [client.submit(search_group_task, s, enc, cfg.k, plan.n_candidates,
-                               pure=False, retries=2) for s in segs]
+                               plan.mode, pure=False, retries=2) for s in segs]
         w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
                           retries=2)
         held[w] = [enc, *parts]
