@@ -161,22 +161,30 @@ def test_masked_median_is_exact():
 
 @pytest.fixture(scope="module")
 def built(job, tmp_path_factory):
+    """The index built through the CLI (`lshdist index --method subspace`)."""
     root = job[0]
     out = tmp_path_factory.mktemp("built")
-    with dask_client(workers=2, processes=False) as client:
-        run_subspace_build(client, plan_subspace_build(
-            data=str(root / "data"), model=str(root / "model"), out=str(out / "idx"),
-            cfg=_cfg()))
+    flags = [x for key, v in CFG.items() for x in (f"--{key.replace('_', '-')}", str(v))]
+    assert main(["index", "--method", "subspace", "--data", str(root / "data"), "--model",
+                 str(root / "model"), "--out", str(out / "idx"), *flags, "--in-process"]) == 0
     return out / "idx"
 
 
-def test_manifest_round_trip_and_verify(built, tmp_path):
+def test_manifest_round_trip_and_verify(built, job, tmp_path):
     m = verify_index(built)
     assert m["method"] == "subspace" and m["rows"] == N
     assert m["subspace"]["version"] == 1 and m["subspace"]["bits"] == 16
     assert sum(m["subspace"]["group_sizes"]) == N
     assert main(["verify", str(built)]) == 0
     assert main(["info", str(built)]) == 0
+    # the CLI query answers it like the one-process index (same data and seed)
+    root, X, Xq, ids, metric = job
+    assert main(["query", "--index", str(built), "--queries", str(root / "queries"), "--k", "4",
+                 "--out", str(tmp_path / "res"), "--in-process"]) == 0
+    _, nb, _, _ = read_results(tmp_path / "res", 10 * N + np.arange(NQ))
+    one = SubspaceIndex(rank=4, bits=16, eta=0.1, max_rounds=8, krylov_iters=3, n_probe=2,
+                        n_candidates=60, metric=metric, seed=5).fit(X, ids)
+    assert np.array_equal(nb, one.query(Xq, 4)[1])
     # an edited manifest (its checksum no longer matches) is refused
     bad = tmp_path / "idx"
     shutil.copytree(built, bad)
