@@ -360,9 +360,10 @@ class IndexConfig(Section):
         if self.epsilon is not None and self.permutations is not None:
             raise InputError("give epsilon or permutations (M), not both")
         if self.method == "subspace" and "target_recall" in self.given_:
-            raise InputError("--target-recall is not supported for --method subspace (it has "
-                             "no calibration yet); set the search with --probe N and "
-                             "--candidates H, or use --method permutation")
+            raise InputError("--target-recall is not supported by `lshdist index --method "
+                             "subspace`; give it to `lshdist query`, which calibrates --probe "
+                             "and --candidates on a sample of the queries, or set --probe N "
+                             "and --candidates H here")
         own = SUBSPACE_OPTIONS if self.method == "permutation" else PERMUTATION_OPTIONS
         other = "subspace" if self.method == "permutation" else "permutation"
         clash = sorted(own & self.given_)

@@ -12,8 +12,9 @@ then the few values of the last bracket); the captured rows are marked per shard
 every shard splits its rows by group (on its worker), one task per group gathers its members,
 orders them by id and makes the group with `lshdist.index.subspace.make_group` — the function
 the one-process index uses, so the same data and seed give the same groups, codes and answers —
-and writes it as a segment (`lshdist.store.subspace`).  The driver writes the subspaces (the router) and the manifest,
-last, in the index's temporary directory, renamed into place under the index lock.
+and writes it as a segment (`lshdist.store.subspace`).  The driver writes the subspaces (the
+router) and the manifest, last, in the index's temporary directory, renamed into place under
+the index lock.
 
 Query.  The model and the router are loaded once on a worker each and replicated; the group
 segments are loaded (verified) spread over the workers.  Per query chunk one task maps the
@@ -22,7 +23,11 @@ they hold fewer than k rows), one task per (chunk, group) runs where the group l
 searches the chunk's queries routed there (`search_group`), and the partial top-k lists are
 merged by (distance, id) and written as Parquet parts (`lshdist.cluster.tasks.merge_and_write`,
 the permutation index's writer).  ``--mode scan`` searches every group by the exact scan: the
-exact answer under the index's metric.
+exact answer under the index's metric.  ``--target-recall R`` first calibrates n_probe and
+n_candidates on a sample of the queries (`lshdist.index.subspace_calibrate`: the exact top-k
+of the sample by a scan of every group, then the Hamming ranks of the true neighbours in their
+groups, one task per group each; the grid is counted on the driver) and records the choice
+and the curve in the results' ``results.json``.
 """
 
 from __future__ import annotations
@@ -204,6 +209,42 @@ def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidate
                                n_candidates)
         dist[qs], ids[qs], reranked[qs] = d, i, c
     return dist, ids, reranked
+
+
+def route_sample(sample: tuple[Any, Any], metric: ExplicitMetric,
+                 router: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+    """A calibration sample (`tasks.calibration_sample`) in the learned space: centred float64
+    rows, their distances to every subspace (Q, G), the float32 rows."""
+    Zq = metric.transform(sample[0])
+    bases, center = router
+    Zqc = Zq.astype(np.float64) - center
+    return Zqc, np.stack([subspace_residuals(Zqc, V) for V in bases], axis=1), Zq
+
+
+def group_topk(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarray, np.ndarray], k: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top-k of every sample query within one group (inf / -1 past its rows)."""
+    from lshdist.index.payload import DensePayload
+    from lshdist.index.scan import scan_topk
+
+    Zq = routed[2]
+    dist = np.full((len(Zq), k), np.inf, np.float32)
+    ids = np.full((len(Zq), k), -1, np.int64)
+    m = min(k, len(segment))
+    dist[:, :m], ids[:, :m] = scan_topk(segment.payload, DensePayload(Zq), m, ids=segment.ids)
+    return dist, ids
+
+
+def group_truth_ranks(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      truth: np.ndarray) -> np.ndarray:
+    """Hamming ranks (`hamming_ranks`) in this group of the true neighbours ``truth`` (Q, k)
+    that are its members; -1 for the others."""
+    from lshdist.index.subspace_calibrate import hamming_ranks
+
+    at = np.minimum(np.searchsorted(segment.ids, truth), len(segment) - 1)
+    mine = (segment.ids[at] == truth) & (truth >= 0)
+    return hamming_ranks(segment.group, routed[0], np.where(mine, at, -1))
 
 
 # --------------------------------------------------------------------------- the selection
@@ -466,10 +507,10 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
     manifest = read_manifest(index)
     if index_method(manifest) != METHOD:
         raise InputError(f"index {index!r} is not a subspace index")
-    if cfg.target_recall is not None:
-        raise InputError(f"--target-recall: index {index!r} is a subspace index, which has no "
-                         "calibration curve yet; set the search with --probe N and "
-                         "--candidates H (or --mode scan for the exact answer)")
+    if cfg.target_recall is not None and (cfg.mode == "scan" or cfg.probe is not None
+                                          or cfg.candidates is not None):
+        raise InputError("--target-recall calibrates --probe and --candidates on a sample of "
+                         "the queries; give one or the other (and not --mode scan)")
     try:
         meta = read_model_meta(manifest["model"])
     except InputError as exc:
@@ -514,6 +555,17 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
     window = in_flight or 2 * max(1, len(workers))
     chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
     held: dict[Any, list[Any]] = {}
+    reason = ("the index's own parameters" if plan.mode == "hash"
+              else "asked for (--mode scan): every group by the exact scan")
+    calibration = None
+    if plan.cfg.target_recall is not None:
+        try:
+            plan, calibration = _calibrated(client, plan, metric_f, router_f, segs, sizes,
+                                            stall)
+        except BaseException:
+            client.cancel([*segs, metric_f, router_f])
+            raise
+        reason = calibration["reason"]
     op = {"n_probe": plan.n_probe, "n_candidates": plan.n_candidates}
 
     def submit(c: int, tmp: str) -> None:
@@ -531,9 +583,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
                            inputs=(plan.index, qds.path, m["model"]),
                            info={"mode": plan.mode, "method": METHOD, "operating_point": op,
-                                 "reason": "the index's own parameters" if plan.mode == "hash"
-                                 else "asked for (--mode scan): every group, every member"}
-                           ) as tmp:
+                                 "reason": reason, "calibration": calibration}) as tmp:
             nxt = 0
             while nxt < len(chunks) and len(held) < window:
                 submit(nxt, str(tmp))
@@ -556,4 +606,54 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
             client.cancel([w, *rest])
         client.cancel([*segs, metric_f, router_f])
     return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
-            "operating_point": op}
+            "operating_point": op, "calibration": calibration}
+
+
+def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: Any,
+                segs: Sequence[Any], sizes: np.ndarray, stall: float
+                ) -> tuple[SubspaceQueryPlan, dict[str, Any]]:
+    """``--target-recall``: n_probe and n_candidates calibrated on a sample of the queries
+    (`lshdist.index.subspace_calibrate`): the exact top-k of the sample by a scan of every group
+    (one task per group, merged by (distance, id)), then the Hamming ranks of the true
+    neighbours in their groups (one task per group); the grid is counted on the driver."""
+    from dataclasses import asdict, replace
+
+    from lshdist.index.calibrate import SAMPLE_QUERIES
+    from lshdist.index.permutation import merge_topk
+    from lshdist.index.subspace_calibrate import choose, grid
+
+    t0 = time.perf_counter()
+    k, target = plan.cfg.k, float(plan.cfg.target_recall or 0.0)
+    seed = int(plan.manifest["seed"])
+    sample_f = client.submit(tasks.calibration_sample, None, None, str(plan.queries.path), seed,
+                             pure=False, retries=2)
+    routed_f = client.submit(route_sample, sample_f, metric_f, router_f, pure=False, retries=2)
+    tops = [client.submit(group_topk, s, routed_f, k, pure=False, retries=2) for s in segs]
+    held = [sample_f, routed_f, *tops]
+    try:
+        for _ in _progress(tops, "truth", stall):
+            pass
+        parts = [f.result() for f in tops]
+        _, truth = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
+        ranks = [client.submit(group_truth_ranks, s, routed_f, truth, pure=False, retries=2)
+                 for s in segs]
+        held += ranks
+        for _ in _progress(ranks, "calibrate", stall):
+            pass
+        per_group = np.stack([f.result() for f in ranks])  # (G, Q, k)
+        route = routed_f.result()[1]
+    finally:
+        client.cancel(held)
+    in_group = per_group >= 0
+    truth_group = np.where(in_group.any(axis=0), in_group.argmax(axis=0), -1)
+    truth_rank = per_group.max(axis=0)
+    n_truth = int((truth >= 0).sum())
+    points = grid(route, sizes, k, truth_group, truth_rank, n_truth)
+    Q = len(truth)
+    best, reason = choose(points, target, Q, k)
+    log.info("calibration on %d of the %d queries (%.1fs): n_probe %d, n_candidates %d — %s",
+             Q, plan.queries.n, time.perf_counter() - t0, best.n_probe, best.n_candidates, reason)
+    record = {"target": target, "k": k, "n_queries": Q, "sample_size": SAMPLE_QUERIES,
+              "chosen": asdict(best), "reason": f"calibrated on the queries: {reason}",
+              "seconds": time.perf_counter() - t0, "points": [asdict(p) for p in points]}
+    return replace(plan, n_probe=best.n_probe, n_candidates=best.n_candidates), record

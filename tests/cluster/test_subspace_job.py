@@ -230,9 +230,51 @@ def test_other_jobs_refuse_a_subspace_index(built, job, tmp_path):
         from lshdist.cluster.compact import plan_compact
 
         plan_compact(str(built), min_segments=2, segment_rows=10_000)
-    with pytest.raises(InputError, match=r"--target-recall: index .* is a subspace index"):
+    with pytest.raises(InputError, match="give one or the other"):
         plan_subspace_query(index=str(built), queries=str(root / "queries"),
-                            out=str(tmp_path / "r"), cfg=QueryConfig(target_recall=0.9))
+                            out=str(tmp_path / "r"), cfg=QueryConfig(target_recall=0.9, probe=2))
+
+
+def test_target_recall_calibrates_on_the_queries(built, job, tmp_path):
+    """The calibrated point's recall on the sample is predicted exactly (the one-process index
+    searched at that point finds the same share of the exact top-k), reaches the target, and
+    costs less than searching everything."""
+    from lshdist.index.calibrate import SAMPLE_QUERIES, recall_margin, sample_rows
+
+    root, X, Xq, ids, metric = job
+    with dask_client(workers=2, processes=False) as client:
+        q = plan_subspace_query(index=str(built), queries=str(root / "queries"),
+                                out=str(tmp_path / "res"), cfg=QueryConfig(k=10,
+                                                                          target_recall=0.9))
+        r = run_subspace_query(client, q)
+    cal = r["calibration"]
+    chosen = cal["chosen"]
+    assert (r["operating_point"]["n_probe"], r["operating_point"]["n_candidates"]) == (
+        chosen["n_probe"], chosen["n_candidates"])
+    assert chosen["recall"] >= 0.9 + recall_margin(0.9, NQ if NQ < SAMPLE_QUERIES else
+                                                   SAMPLE_QUERIES, 10)
+    assert chosen["reranked"] < 0.5 * N  # far from searching everything
+    rows = sample_rows(NQ, SAMPLE_QUERIES, 5)  # the index's seed
+    one = SubspaceIndex(rank=4, bits=16, eta=0.1, max_rounds=8, krylov_iters=3, metric=metric,
+                        seed=5).fit(X, ids)
+    _, I = one.query(Xq[rows], 10, n_probe=chosen["n_probe"],
+                     n_candidates=chosen["n_candidates"])
+    Z, Zq = metric.transform(X), metric.transform(Xq[rows])
+    d = ((Zq[:, None, :].astype(np.float64) - Z[None]) ** 2).sum(-1)
+    _, It = one.query(Xq[rows], 10, n_probe=len(one.groups_), n_candidates=N)
+    assert np.array_equal(It, ids[np.lexsort((np.broadcast_to(ids, d.shape), d),
+                                             axis=1)[:, :10]])
+    real = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(I, It)])
+    assert real == pytest.approx(chosen["recall"], abs=1e-12)
+    # and so is every point of the curve (catches an off-by-one in the Hamming ranks)
+    for p in cal["points"][::7]:
+        _, I = one.query(Xq[rows], 10, n_probe=p["n_probe"], n_candidates=p["n_candidates"])
+        real = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(I, It)])
+        assert real == pytest.approx(p["recall"], abs=1e-12), p
+        assert one.stats_["reranked"].mean() == pytest.approx(p["reranked"])
+    # the cheaper points of the curve miss the target: the choice is the cheapest that reaches it
+    need = 0.9 + recall_margin(0.9, len(rows), 10)
+    assert all(p["recall"] < need for p in cal["points"] if p["reranked"] < chosen["reranked"])
 
 
 def test_sparse_model_refused_before_any_cluster(tmp_path, capsys, monkeypatch):
@@ -265,7 +307,7 @@ def test_sparse_model_refused_before_any_cluster(tmp_path, capsys, monkeypatch):
     (["--method", "subspace", "--window", "4"], "--window: only for --method permutation"),
     (["--rank", "4"], "--rank: only for --method subspace"),
     (["--method", "subspace", "--target-recall", "0.9"],
-     "--target-recall is not supported for --method subspace"),
+     "--target-recall is not supported by `lshdist index --method subspace`; give it to"),
     (["--method", "subspace", "--rank", "0"], "expected an integer >= 1"),
     (["--method", "cluster"], "invalid choice|expected one of"),
     (["--method", "subspace", "--rank", "49"], "rank=49: the subspaces cannot exceed"),
