@@ -111,14 +111,17 @@ def test_distributed_equals_one_process(job, tmp_path, model):
     assert np.array_equal(cand, one.stats_["reranked"])
 
 
-def test_scan_mode_is_exact_and_overrides(job, tmp_path):
-    """--mode scan probes every group with every member: the exact answer; --probe and
+def test_scan_mode_is_exact_and_overrides(built, job, tmp_path):
+    """--mode scan searches every group by the exact scan: the exact answer; --probe and
     --candidates override the index's own at query time (the one-process overrides)."""
     root, X, Xq, ids, metric = job
     with dask_client(workers=2, processes=False) as client:
-        _, _, nb, _, cand = _build_and_query(client, root, "model", tmp_path, k=5,
-                                                mode="scan")
-        q = plan_subspace_query(index=str(tmp_path / "idx"), queries=str(root / "queries"),
+        run_subspace_query(client, plan_subspace_query(
+            index=str(built), queries=str(root / "queries"), out=str(tmp_path / "res"),
+            cfg=QueryConfig(k=5, mode="scan", query_chunk=70)))
+        qids, nb, _, cand = read_results(tmp_path / "res")
+        nb, cand = nb[np.argsort(qids)], cand[np.argsort(qids)]
+        q = plan_subspace_query(index=str(built), queries=str(root / "queries"),
                                 out=str(tmp_path / "res2"),
                                 cfg=QueryConfig(k=5, probe=1, candidates=20))
         run_subspace_query(client, q)
