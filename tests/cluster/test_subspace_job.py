@@ -327,3 +327,15 @@ def test_cli_bad_options_exit_2(job, tmp_path, capsys, argv, message):
     assert code == 2, err
     assert __import__("re").search(message, err), err
     assert not (tmp_path / "idx").exists()
+
+
+def test_run_config_refuses_the_subspace_method(tmp_path, capsys):
+    """`lshdist run` evaluates permutation indexes only: refused before anything is written."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"name: x\nworkdir: {tmp_path / 'wd'}\ndata:\n"
+                   "  train: {builtin: digits, shard_rows: 500}\n"
+                   "  test: {builtin: digits, shard_rows: 500}\n"
+                   "index: {method: subspace, rank: 8}\n")
+    assert main(["run", str(cfg)]) == 2
+    assert "index.method (subspace) is not evaluated by `lshdist run`" in capsys.readouterr().err
+    assert not (tmp_path / "wd").exists()
