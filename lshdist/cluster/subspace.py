@@ -449,8 +449,17 @@ def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,
             for zc, z, g, a, b in zip(part.Zc.to_delayed().ravel(), part.Z.to_delayed().ravel(),
                                       part.group_of.to_delayed().ravel(), bounds[:-1],
                                       bounds[1:])])
-        names = [new_segment_name() for _ in part.bases]
         held: list[Any] = list(members)
+        try:
+            for _ in _progress(members, "split", stall):
+                pass
+        except BaseException:
+            client.cancel(held)
+            raise
+        # the shards' rows now live in `members` only: release the persisted arrays (the
+        # build would otherwise hold the data four times at once)
+        part.Z = part.Zc = part.group_of = None
+        names = [new_segment_name() for _ in part.bases]
         writes = []
         for g, (V, name) in enumerate(zip(part.bases, names)):
             pieces = [client.submit(group_piece, m, g, pure=False) for m in members]
