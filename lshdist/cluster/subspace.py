@@ -336,7 +336,7 @@ def plan_subspace_build(*, data: str, model: str, out: str, cfg: IndexConfig,
     probe = SubspaceIndex(rank=cfg.rank, bits=cfg.code_bits, eta=cfg.eta, alpha=cfg.alpha,
                           max_rounds=cfg.max_rounds, krylov_iters=cfg.krylov_iters,
                           n_probe=cfg.probe, n_candidates=cfg.candidates, seed=cfg.seed)
-    min_group = probe._check_params(ds.d)  # the one-process index's own checks
+    min_group = probe.check_params(ds.d)  # the one-process index's own checks
     manifest = {"format": FORMAT, "version": VERSION, "method": METHOD,
                 "model": str(Path(model).resolve()), "model_checksum": meta["checksum"],
                 "kind": meta["kind"], "d": ds.d, "seed": cfg.seed}

@@ -140,7 +140,8 @@ class SubspaceIndex:
             return self.metric.transform(X)
         return check_numeric_matrix(X)
 
-    def _check_params(self, d: int) -> int:
+    def check_params(self, d: int) -> int:
+        """Check the parameters for data of d dimensions (as `fit` does); returns min_group."""
         k = _positive_int("rank", self.rank)
         if k > d:
             raise InputError(f"rank={k}: the subspaces cannot exceed the data's d={d} dimensions")
@@ -164,7 +165,7 @@ class SubspaceIndex:
         """Partition the rows ``X`` (n, d) into groups.  ``ids`` int64 (n,), default 0..n-1."""
         Z = self._space(X)
         n, d = Z.shape
-        min_group = self._check_params(d)
+        min_group = self.check_params(d)
         k = int(self.rank)
         if ids is None:
             ids_ = np.arange(n, dtype=np.int64)
