@@ -61,7 +61,7 @@ def _run_hyperplanes(args: argparse.Namespace, cluster: ClusterConfig) -> int:
 
 def _run_subspace(args: argparse.Namespace, cluster: ClusterConfig) -> int:
     """A subspace index (`lshdist.cluster.subspace`): routed to its groups, searched there."""
-    from lshdist.cluster.subspace import plan_subspace_query, run_subspace_query
+    from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
 
     plan = plan_subspace_query(index=args.index, queries=args.queries, out=args.out,
                                cfg=from_args(QueryConfig, args), overwrite=args.overwrite)

@@ -15,13 +15,8 @@ import pytest
 
 from lshdist.cli import main
 from lshdist.cluster.client import dask_client
-from lshdist.cluster.subspace import (
-    masked_median,
-    plan_subspace_build,
-    plan_subspace_query,
-    run_subspace_build,
-    run_subspace_query,
-)
+from lshdist.cluster.subspace import masked_median, plan_subspace_build, run_subspace_build
+from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
 from lshdist.config import IndexConfig, QueryConfig
 from lshdist.errors import FormatError, InputError
 from lshdist.index.subspace import SubspaceIndex
