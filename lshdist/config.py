@@ -304,6 +304,17 @@ class LearnConfig(Section):
                              "k(Y,Z)/sqrt(k(Y,Y)k(Z,Z))")
 
 
+#: r, bits per group code of a subspace index when --bits is not given (the permutation
+#: index's default b is far more than a k-dimensional group needs)
+SUBSPACE_BITS = 32
+#: options of one method only (given with the other method: an error)
+SUBSPACE_OPTIONS = frozenset({"rank", "eta", "alpha", "max_rounds", "krylov_iters", "probe",
+                              "candidates"})
+PERMUTATION_OPTIONS = frozenset({"target_recall", "epsilon", "permutations", "window",
+                                 "hamming_keep", "calibration_queries", "baseline", "family",
+                                 "eh_samples", "k", "segment_rows"})
+
+
 @dataclass(frozen=True)
 class IndexConfig(Section):
     """The hashed index (``lshdist index``, the ``index:`` section)."""
@@ -346,10 +357,49 @@ class IndexConfig(Section):
                                  "eh-hash: t samples of the query embedding (NIPS 2010 Lemma "
                                  "3.4; t = 1/eps'^2); default exact", metavar="t")
     seed: int = opt(0, SEED, "seed of the hash functions and permutations")
+    method: str = opt("permutation", _choice("permutation", "subspace"),
+                      "permutation: b-bit keys in permutation-sorted lists (the options "
+                      "above); subspace: the spectral subspace-partition index (dense data, "
+                      "an explicit or L2 model; the options below, --bits = r bits per group "
+                      f"code, default {SUBSPACE_BITS})")
+    rank: int = opt(16, POSITIVE, "subspace: k, the dimension of every group's subspace",
+                    metavar="K")
+    eta: float = opt(0.1, _float(0.0, open_lo=False),
+                     "subspace: slack of the capture threshold sqrt(2)(1+eta) alpha")
+    alpha: float | None = opt(None, _optional(_float()),
+                              "subspace: the noise scale alpha (default: estimated per round, "
+                              "median distance / sqrt(2))")
+    max_rounds: int = opt(32, POSITIVE, "subspace: partition rounds at most")
+    krylov_iters: int = opt(4, NONNEG, "subspace: q, block Krylov iterations", metavar="q")
+    probe: int = opt(1, POSITIVE, "subspace: groups searched per query (nearest subspaces)",
+                     metavar="N")
+    candidates: int = opt(100, POSITIVE,
+                          "subspace: members re-ranked per probed group (nearest in Hamming "
+                          "distance)", metavar="H")
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and self.permutations is not None:
             raise InputError("give epsilon or permutations (M), not both")
+        if self.method == "subspace" and "target_recall" in self.given_:
+            raise InputError("--target-recall is not supported by `lshdist index --method "
+                             "subspace`; give it to `lshdist query`, which calibrates --probe "
+                             "and --candidates on a sample of the queries, or set --probe N "
+                             "and --candidates H here")
+        own = SUBSPACE_OPTIONS if self.method == "permutation" else PERMUTATION_OPTIONS
+        other = "subspace" if self.method == "permutation" else "permutation"
+        clash = sorted(own & self.given_)
+        if clash:
+            flags = ", ".join("--" + c.replace("_", "-") for c in clash)
+            raise InputError(f"{flags}: only for --method {other}, but the method is "
+                             f"{self.method}; drop {'them' if len(clash) > 1 else 'it'} or give "
+                             f"--method {other}")
+
+    @property
+    def code_bits(self) -> int:
+        """r of a subspace index: ``bits`` when given, else `SUBSPACE_BITS`."""
+        return self.bits if "bits" in self.given_ else SUBSPACE_BITS
+
+
 
 
 
@@ -367,6 +417,12 @@ class QueryConfig(Section):
                                       metavar="R")
     query_chunk: int = opt(1_000, POSITIVE, "queries per task (with two chunks in flight per "
                            "worker, this bounds the query memory)", metavar="n")
+    probe: int | None = opt(None, _optional(POSITIVE),
+                            "subspace index: groups searched per query (default: the index's)",
+                            metavar="N")
+    candidates: int | None = opt(None, _optional(POSITIVE),
+                                 "subspace index: members re-ranked per probed group (default: "
+                                 "the index's)", metavar="H")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from lshdist.store.index import (
     new_segment_name,
     pack_segments,
     read_manifest,
+    require_permutation,
     segment_path,
     write_manifest,
 )
@@ -94,6 +95,7 @@ def plan_compact(index: str, *, min_segments: int, segment_rows: int,
                  refit: bool = False) -> CompactPlan:
     """Check a compaction on the driver (no cluster): the index and what would be merged."""
     manifest = read_manifest(index)
+    require_permutation(manifest, index, "`lshdist compact`")
     if refit and manifest.get("family"):
         raise InputError(f"index {index!r} answers hyperplane queries "
                          f"({manifest['family'].get('name')}); re-fitting such an index is not "

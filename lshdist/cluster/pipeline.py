@@ -38,6 +38,7 @@ from lshdist.store.index import (
     index_lock,
     new_segment_name,
     read_manifest,
+    require_permutation,
     segment_ids,
     write_manifest,
 )
@@ -187,6 +188,9 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     ``batch`` labels the data (e.g. a day): it is recorded in the manifest with the new
     segments, and an append whose label is there already adds nothing (``plan.skipped``)."""
     cfg = cfg or IndexConfig()
+    if cfg.method != "permutation":
+        raise InputError(f"method {cfg.method!r}: this job builds permutation indexes only; "
+                         "build a subspace index with `lshdist index --method subspace`")
     if append and overwrite:
         raise InputError("--append adds to an index and --overwrite replaces it; give one")
     ds = Dataset(data)
@@ -195,6 +199,7 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     check_not_input(out, (data, model))
     if append:
         manifest = read_manifest(out)
+        require_permutation(manifest, out, "--append")
         if manifest.get("family"):
             raise InputError(f"index {out!r} is a hyperplane index ({manifest['family']['name']}"
                              "); --append is not supported for it: rebuild it with --overwrite")
@@ -484,6 +489,11 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     if cfg.mode not in (*MODES, "auto"):
         raise InputError(f"mode={cfg.mode!r}; choose one of {[*MODES, 'auto']}")
     manifest = read_manifest(index)
+    require_permutation(manifest, index, "this query job (use `lshdist query`)")
+    given = sorted({"probe", "candidates"} & cfg.given_)
+    if given:
+        raise InputError(f"--{given[0]}: only for a subspace index, and {index!r} is a "
+                         "permutation index; drop it")
     if manifest.get("family"):
         raise InputError(f"index {index!r} was built for hyperplane queries "
                          f"({manifest['family']['name']}); query it with --hyperplanes")

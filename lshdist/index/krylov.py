@@ -65,12 +65,20 @@ def _check(A: Any, k: int, q: int) -> tuple[int, int]:
 def gram_apply(A: Any, P: np.ndarray) -> np.ndarray:
     """``Aᵀ (A P)``, float64 (d, m), for ``A`` (n, d) numpy or dask and ``P`` float64 (d, m).
 
-    numpy: accumulated over blocks of `ROW_BLOCK` rows in float64.  dask: the product is built
-    from dask.array operations over ``A``'s row chunks and only the d x m result is computed.
+    numpy: accumulated over blocks of `ROW_BLOCK` rows in float64.  dask: one task per row
+    chunk computes its ``Aᵢᵀ (Aᵢ P)`` (d x m, `_chunk_gram`) and the partial products are summed
+    (dask.array ``map_blocks`` + ``sum``): only the d x m result reaches the caller.  (dask's
+    own ``A.T @ (A @ P)`` computes the same in about twice the time: float64 copies of the
+    chunks and a contraction graph, measured on 60,000 x 784.)
     """
     if _is_dask(A):
-        A64 = A.astype(np.float64)
-        out = np.asarray((A64.T @ (A64 @ P)).compute(), dtype=np.float64)
+        if len(A.chunks[1]) != 1:
+            A = A.rechunk({1: -1})
+        d, m = A.shape[1], P.shape[1]
+        parts = A.map_blocks(_chunk_gram, P, new_axis=2, dtype=np.float64,
+                             chunks=((1,) * A.numblocks[0], (d,), (m,)),
+                             meta=np.empty((0, 0, 0), np.float64))
+        out = np.asarray(parts.sum(axis=0).compute(), dtype=np.float64)
         if not np.all(np.isfinite(out)):
             raise InputError("A holds NaN or infinite values")
         return out
@@ -82,6 +90,13 @@ def gram_apply(A: Any, P: np.ndarray) -> np.ndarray:
     if not np.all(np.isfinite(S)):
         raise InputError("A holds NaN or infinite values")
     return S
+
+
+def _chunk_gram(A: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """``Aᵀ (A P)`` of one row chunk, float64 (1, d, m) (`gram_apply` on dask)."""
+    A64 = np.asarray(A, np.float64)
+    out: np.ndarray = (A64.T @ (A64 @ P))[None]
+    return out
 
 
 def _inv_sqrt(H: np.ndarray) -> np.ndarray:

@@ -140,7 +140,8 @@ class SubspaceIndex:
             return self.metric.transform(X)
         return check_numeric_matrix(X)
 
-    def _check_params(self, d: int) -> int:
+    def check_params(self, d: int) -> int:
+        """Check the parameters for data of d dimensions (as `fit` does); returns min_group."""
         k = _positive_int("rank", self.rank)
         if k > d:
             raise InputError(f"rank={k}: the subspaces cannot exceed the data's d={d} dimensions")
@@ -164,7 +165,7 @@ class SubspaceIndex:
         """Partition the rows ``X`` (n, d) into groups.  ``ids`` int64 (n,), default 0..n-1."""
         Z = self._space(X)
         n, d = Z.shape
-        min_group = self._check_params(d)
+        min_group = self.check_params(d)
         k = int(self.rank)
         if ids is None:
             ids_ = np.arange(n, dtype=np.int64)
@@ -211,18 +212,13 @@ class SubspaceIndex:
         return self
 
     def _seed(self, stream: int, i: int) -> int:
-        return int(np.random.SeedSequence([int(self.seed), 15, stream, i]).generate_state(1)[0])
+        return group_seed(int(self.seed), stream, i)
 
     def _group(self, Zc: np.ndarray, rows: np.ndarray, V: np.ndarray, ids: np.ndarray,
                number: int, *, final: bool) -> Group:
         rows = rows[np.argsort(ids[rows], kind="stable")]  # members by id: Hamming ties by id
-        Y = Zc[rows].astype(np.float64) @ V
-        mean = Y.mean(axis=0)
-        rng = np.random.default_rng(self._seed(1, number))
-        R = rng.standard_normal((int(self.bits), V.shape[1]))
-        codes = pack_signs(np.ascontiguousarray((Y - mean) @ R.T))
-        return Group(rows=rows, basis=V, mean=mean, coords=Y.astype(np.float32), codes=codes,
-                     R=R, final=final)
+        return make_group(Zc[rows], rows, V, number=number, bits=int(self.bits),
+                          seed=int(self.seed), final=final)
 
     @property
     def group_sizes_(self) -> list[int]:
@@ -263,18 +259,14 @@ class SubspaceIndex:
             raise InputError(f"Xq has {Zq.shape[1]} features, but the index was built on "
                              f"{self.payload_.Z.shape[1]}")
         Zqc = (Zq.astype(np.float64) - self.center_)
-        Q, G = Zq.shape[0], len(self.groups_)
-        order = np.argsort(self._route(Zqc), axis=1, kind="stable")  # ties by group number
+        Q = Zq.shape[0]
         sizes = np.array([len(g.rows) for g in self.groups_])
-        # probe the n nearest groups, and more while they hold fewer than k rows in all
-        held = np.cumsum(sizes[order], axis=1)
-        enough = np.argmax(held >= min(k, int(sizes.sum())), axis=1) + 1
-        n_probed = np.minimum(np.maximum(enough, probe), G)
+        probed, n_probed = probe_mask(self._route(Zqc), sizes, k, probe)
         chosen: list[list[np.ndarray]] = [[] for _ in range(Q)]
         for g, grp in enumerate(self.groups_):
-            qs = np.flatnonzero((order[:, :G] == g).argmax(axis=1) < n_probed)
+            qs = np.flatnonzero(probed[:, g])
             if len(qs):
-                for q, rows in zip(qs, self._candidates(grp, Zqc[qs], cand)):
+                for q, rows in zip(qs, group_candidates(grp, Zqc[qs], cand)):
                     chosen[q].append(rows)
         counts = np.array([sum(len(r) for r in c) for c in chosen], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -285,20 +277,96 @@ class SubspaceIndex:
         ids = np.where(top >= 0, self.ids_[np.maximum(top, 0)], -1)
         return dist, ids
 
-    def _candidates(self, grp: Group, Zqc: np.ndarray, cand: int) -> list[np.ndarray]:
-        """Per query, the database rows of ``grp`` nearest in Hamming distance (ties by id)."""
-        n_g = len(grp.rows)
-        if cand >= n_g:
-            return [grp.rows] * len(Zqc)
-        qcodes = grp.code(Zqc @ grp.basis)
-        out: list[np.ndarray] = []
-        step = max(1, _HAMMING_BLOCK // n_g)
-        pos = np.arange(n_g, dtype=np.int64)
-        for lo in range(0, len(qcodes), step):
-            qc = qcodes[lo : lo + step]
-            ham = np.bitwise_count(qc[:, None, :] ^ grp.codes[None, :, :]).sum(
-                axis=2, dtype=np.int64)
-            key = ham * n_g + pos  # unique keys: Hamming, then position (= id order)
-            sel = np.argpartition(key, cand - 1, axis=1)[:, :cand]
-            out.extend(grp.rows[np.sort(s)] for s in sel)
-        return out
+
+def group_seed(seed: int, stream: int, i: int) -> int:
+    """The seed of stream ``stream`` (0: Krylov starts, 1: code projections) for round or group
+    ``i`` of an index seeded ``seed``: the same in one process and on every worker."""
+    return int(np.random.SeedSequence([int(seed), 15, stream, i]).generate_state(1)[0])
+
+
+def make_group(Zc_rows: np.ndarray, rows: np.ndarray, V: np.ndarray, *, number: int, bits: int,
+               seed: int, final: bool) -> Group:
+    """Group ``number`` of an index seeded ``seed``: its members' centred rows ``Zc_rows``
+    (n_g, d), in id order, their ``rows`` (positions in the payload the group is searched
+    with), the subspace ``V`` (d, k); projected coordinates, their mean and r-bit codes.
+
+    The one function that makes a group, in one process (`SubspaceIndex.fit`) and on a worker
+    (`lshdist.cluster.subspace`): the same rows in the same order give the same group."""
+    Y = np.asarray(Zc_rows).astype(np.float64) @ V
+    mean = Y.mean(axis=0)
+    rng = np.random.default_rng(group_seed(seed, 1, number))
+    R = rng.standard_normal((int(bits), V.shape[1]))
+    codes = pack_signs(np.ascontiguousarray((Y - mean) @ R.T))
+    return Group(rows=rows, basis=V, mean=mean, coords=Y.astype(np.float32), codes=codes,
+                 R=R, final=final)
+
+
+def probe_mask(route: np.ndarray, sizes: np.ndarray, k: int, n_probe: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Which groups each query searches: its ``n_probe`` nearest subspaces (ties by group
+    number), more while they hold fewer than k rows in all.
+
+    Parameters
+    ----------
+    route : float64 (Q, G), distance of every query to every group's subspace
+    sizes : int (G,), rows per group
+    k, n_probe : neighbours wanted, groups probed at least
+
+    Returns
+    -------
+    mask : bool (Q, G), group g searched for query q
+    n_probed : int64 (Q,), groups searched per query
+    """
+    Q, G = route.shape
+    order = np.argsort(route, axis=1, kind="stable")
+    held = np.cumsum(sizes[order], axis=1)
+    enough = np.argmax(held >= min(k, int(sizes.sum())), axis=1) + 1
+    n_probed = np.minimum(np.maximum(enough, n_probe), G).astype(np.int64)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(G)[None, :].repeat(Q, axis=0), axis=1)
+    return rank < n_probed[:, None], n_probed
+
+
+def group_candidates(grp: Group, Zqc: np.ndarray, cand: int) -> list[np.ndarray]:
+    """Per query (centred rows ``Zqc`` (Q, d)), the rows of ``grp`` nearest in Hamming
+    distance of the codes, at most ``cand`` (ties by position, which is id order)."""
+    n_g = len(grp.rows)
+    if cand >= n_g:
+        return [grp.rows] * len(Zqc)
+    qcodes = grp.code(Zqc @ grp.basis)
+    out: list[np.ndarray] = []
+    step = max(1, _HAMMING_BLOCK // n_g)
+    pos = np.arange(n_g, dtype=np.int64)
+    for lo in range(0, len(qcodes), step):
+        qc = qcodes[lo : lo + step]
+        ham = np.bitwise_count(qc[:, None, :] ^ grp.codes[None, :, :]).sum(
+            axis=2, dtype=np.int64)
+        key = ham * n_g + pos  # unique keys: Hamming, then position (= id order)
+        sel = np.argpartition(key, cand - 1, axis=1)[:, :cand]
+        out.extend(grp.rows[np.sort(s)] for s in sel)
+    return out
+
+
+def search_group(grp: Group, payload: DensePayload, ids: np.ndarray, Zqc: np.ndarray,
+                 Zq: np.ndarray, k: int, cand: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-k of queries within one group: Hamming candidates re-ranked exactly.
+
+    Parameters
+    ----------
+    grp : the group; ``grp.rows`` index ``payload`` and ``ids``
+    payload : the re-rank rows ``Z`` (learned space, not centred)
+    ids : int64, the id of every payload row (ties by id)
+    Zqc, Zq : the queries, centred float64 (Q, d) and not centred float32 (Q, d)
+    k, cand : neighbours, candidates re-ranked per query
+
+    Returns
+    -------
+    dist float32 (Q, k), ids int64 (Q, k) (inf / -1 past the candidates), re-ranked int64 (Q,)
+    """
+    chosen = group_candidates(grp, Zqc, cand)
+    counts = np.array([len(c) for c in chosen], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    rows = (np.concatenate(chosen) if chosen else np.zeros(0)).astype(np.int64)
+    dist, top = payload.rerank(offsets, rows, DensePayload(Zq), k, ids)
+    return dist, np.where(top >= 0, ids[np.maximum(top, 0)], -1), counts

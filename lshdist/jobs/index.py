@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = from_args(IndexConfig, args)
     if cfg.family is not None:
         return _run_hyperplane(args, cfg, cluster)
+    if cfg.method == "subspace":
+        return _run_subspace(args, cfg, cluster)
     plan = plan_build(data=args.data, model=args.model, out=args.out,
                       cfg=cfg, append=args.append,
                       overwrite=args.overwrite, batch=args.batch)
@@ -70,4 +72,21 @@ def _run_hyperplane(args: argparse.Namespace, cfg: IndexConfig, cluster: Cluster
     sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
                      f"({m['family']['name']}, b={m['bits']}, M={m['permutations']}, "
                      f"W={m['window']})\n")
+    return 0
+
+
+def _run_subspace(args: argparse.Namespace, cfg: IndexConfig, cluster: ClusterConfig) -> int:
+    """``--method subspace``: the spectral subspace-partition index
+    (`lshdist.cluster.subspace`), planned (every input checked) before any cluster starts."""
+    from lshdist.cluster.subspace import plan_subspace_build, run_subspace_build
+
+    plan = plan_subspace_build(data=args.data, model=args.model, out=args.out, cfg=cfg,
+                               overwrite=args.overwrite, append=args.append, batch=args.batch)
+    with client_from_config(cluster) as client:
+        m = run_subspace_build(client, plan, stall=cluster.stall_timeout)
+    rec = m["subspace"]
+    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} groups "
+                     f"({len(rec['rounds'])} rounds; subspace, k={rec['rank']}, "
+                     f"r={rec['bits']}, probe={rec['n_probe']}, "
+                     f"candidates={rec['n_candidates']})\n")
     return 0

@@ -54,6 +54,8 @@ def describe_model(path: Path) -> dict[str, Any]:
 def describe_index(path: Path) -> dict[str, Any]:
     m = read_manifest(path)
     orphans = [str(p) for p in list_orphans(path)]
+    if m.get("method") == "subspace":
+        return _describe_subspace(path, m, orphans)
     segs = [f"{e['name']} ({e['rows']} rows, M={e['permutations']}, from {e.get('source', '?')}"
             f" rows {e.get('start', '?')}:{e.get('stop', '?')})" for e in m["segments"]]
     return {"format": f"{m['format']} v{m['version']}", "path": str(path), "rows": m.get("rows"),
@@ -64,6 +66,22 @@ def describe_index(path: Path) -> dict[str, Any]:
             **_calibration(m),
             # a running build's segments, or a failed one's leftovers (`lshdist gc`)
             "orphans": orphans or None}
+
+
+def _describe_subspace(path: Path, m: dict[str, Any], orphans: list[str]) -> dict[str, Any]:
+    """A subspace index (`lshdist.store.subspace`): its parameters, rounds and groups."""
+    rec = m["subspace"]
+    rounds = [f"round {r['round']}: {r['remaining']} remaining, alpha {r['alpha']:.4g}, "
+              f"threshold {r['threshold']:.4g}, captured {r['captured']}" for r in rec["rounds"]]
+    segs = [f"{e['name']} (group {e['group']}{', final' if e['final'] else ''}, {e['rows']} "
+            "rows)" for e in m["segments"]]
+    return {"format": f"{m['format']} v{m['version']} (subspace v{rec['version']})",
+            "path": str(path), "rows": m["rows"], "model": m["model"],
+            "model_checksum": m["model_checksum"], "kind": m["kind"], "method": "subspace",
+            "rank": rec["rank"], "bits": rec["bits"], "eta": rec["eta"], "alpha": rec["alpha"],
+            "krylov_iters": rec["krylov_iters"], "n_probe": rec["n_probe"],
+            "n_candidates": rec["n_candidates"], "rounds": rounds, "n_segments": len(segs),
+            "segments": segs, "orphans": orphans or None}
 
 
 def _calibration(m: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 from lshdist.cluster.pipeline import plan_query, run_query
 from lshdist.config import ClusterConfig, QueryConfig, add_options, from_args
 from lshdist.jobs.common import add_cluster_options, client_from_config
+from lshdist.store.index import index_method, read_manifest
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = from_args(ClusterConfig, args)
     if args.hyperplanes is not None:
         return _run_hyperplanes(args, cluster)
+    if index_method(read_manifest(args.index)) == "subspace":
+        return _run_subspace(args, cluster)
     plan = plan_query(index=args.index, queries=args.queries, out=args.out,
                       cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
     with client_from_config(cluster) as client:
@@ -53,4 +56,18 @@ def _run_hyperplanes(args: argparse.Namespace, cluster: ClusterConfig) -> int:
     with client_from_config(cluster) as client:
         r = run_hyperplane_query(client, plan, stall=cluster.stall_timeout)
     sys.stdout.write(f"{r['queries']} hyperplanes x {r['segments']} segments -> {r['out']}\n")
+    return 0
+
+
+def _run_subspace(args: argparse.Namespace, cluster: ClusterConfig) -> int:
+    """A subspace index (`lshdist.cluster.subspace`): routed to its groups, searched there."""
+    from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
+
+    plan = plan_subspace_query(index=args.index, queries=args.queries, out=args.out,
+                               cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
+    with client_from_config(cluster) as client:
+        r = run_subspace_query(client, plan, stall=cluster.stall_timeout)
+    op = r["operating_point"]
+    sys.stdout.write(f"{r['queries']} queries x {r['segments']} groups ({r['mode']}, probe="
+                     f"{op['n_probe']}, candidates={op['n_candidates']}) -> {r['out']}\n")
     return 0

@@ -137,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.config}: index.family ({cfg.index.family}) builds an index for "
                          "hyperplane queries, which `lshdist run` does not evaluate; use "
                          "`lshdist index --family` and `lshdist query --hyperplanes`")
+    if cfg.index.method != "permutation":
+        raise InputError(f"{args.config}: index.method ({cfg.index.method}) is not evaluated by "
+                         "`lshdist run`; use `lshdist index --method subspace` and "
+                         "`lshdist query`")
     work = cfg.workdir
     prepare_workdir(work, args.fresh)
     times: dict[str, float] = {}

@@ -160,7 +160,16 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
         "sorted_rows": index.sorted_rows_, "sorted_prefix": index.sorted_prefix_,
         **{f"payload/{k}": v for k, v in index.payload_.arrays().items()},
     }
-    path = segment_path(index_dir, name)
+    segment_zarr_arrays(segment_path(index_dir, name), arrays,
+                        {"payload": index.payload_.kind, "bits": index.bits_})
+    return {"name": name, "rows": len(index.ids_), "permutations": int(index.n_permutations_),
+            "checksum": _segment_checksum(arrays)}
+
+
+def segment_zarr_arrays(path: Path, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
+                        ) -> None:
+    """Write ``arrays`` (names with ``/`` make subgroups) and ``attrs`` as a new Zarr group at
+    ``path``, in the chunking and compression of every segment of an index."""
     g = zarr.open_group(str(path), mode="w", zarr_format=3)
     for key, a in arrays.items():
         # the sorted lists and keys are near-random bits: compressing them costs more time
@@ -173,9 +182,7 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
         else:  # whole rows: several short lists per chunk (zarr pays per chunk)
             chunks = _chunks(a)
         g.create_array(key, data=a, chunks=chunks, compressors=None if raw else _PAYLOAD_CODEC)
-    g.attrs.update({"payload": index.payload_.kind, "bits": index.bits_})
-    return {"name": name, "rows": len(index.ids_), "permutations": int(index.n_permutations_),
-            "checksum": _segment_checksum(arrays)}
+    g.attrs.update(attrs)
 
 
 def part_dir(i: int) -> str:
@@ -311,7 +318,7 @@ def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any]) 
     """
     canon = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "checksum"}))
     canon["checksum"] = manifest_checksum(canon)
-    _check_manifest(canon, Path(index_dir))
+    _check_any(canon, Path(index_dir))
     atomic_write_text(Path(index_dir) / MANIFEST, json.dumps(canon, indent=2))
 
 
@@ -358,8 +365,35 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise FormatError(f"{str(path)!r}: {MANIFEST} does not match its checksum (expected "
                           f"{meta['checksum'][:12]}..., its content gives {digest[:12]}...): it "
                           f"was edited or damaged; restore it or {_REBUILD}")
-    _check_manifest(meta, path)  # a sealed manifest may still come from a buggy writer
+    _check_any(meta, path)  # a sealed manifest may still come from a buggy writer
     return meta
+
+
+def index_method(manifest: dict[str, Any]) -> str:
+    """``permutation`` (the hashed index), or ``subspace`` (`lshdist.store.subspace`)."""
+    return str(manifest.get("method", "permutation"))
+
+
+def require_permutation(manifest: dict[str, Any], index_dir: str | os.PathLike[str],
+                        what: str) -> None:
+    """Refuse a subspace index where only the permutation index is supported (``what``)."""
+    if index_method(manifest) != "permutation":
+        raise InputError(f"index {str(index_dir)!r} is a {index_method(manifest)} index "
+                         f"(--method {index_method(manifest)}); {what} supports permutation "
+                         "indexes only")
+
+
+def _check_any(meta: dict[str, Any], path: Path) -> None:
+    from lshdist.store.subspace import METHOD, check_subspace_manifest
+
+    method = meta.get("method", "permutation")
+    if method == METHOD:
+        check_subspace_manifest(meta, path)
+    elif method == "permutation" and "method" not in meta:
+        _check_manifest(meta, path)
+    else:
+        raise FormatError(f"{str(path)!r}: {MANIFEST}: method={method!r} is not 'subspace' "
+                          f"(a permutation index records no method); {_REBUILD}")
 
 
 def _check_fields(obj: dict[str, Any], fields: dict[str, tuple[tuple[type, ...], str]], where: str,
@@ -668,6 +702,13 @@ def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
         For the first problem found (see `read_manifest`, `read_segment`).
     """
     manifest = read_manifest(index_dir)
+    if index_method(manifest) == "subspace":
+        from lshdist.store.subspace import read_group, read_subspaces
+
+        read_subspaces(index_dir, manifest)
+        for entry in manifest["segments"]:
+            read_group(index_dir, entry, manifest)
+        return manifest
     for entry in manifest["segments"]:
         read_segment(index_dir, entry, manifest)
     return manifest

@@ -1,0 +1,309 @@
+"""Queries of a subspace-partition index on Dask (``lshdist query`` of an index built with
+``lshdist index --method subspace``, `lshdist.cluster.subspace`).
+
+The model and the router are loaded once on a worker each and replicated; the group
+segments are loaded (verified) spread over the workers.  Per query chunk one task maps the
+queries to ``G x``, routes them (`probe_mask`: the ``n_probe`` nearest subspaces, more while
+they hold fewer than k rows), one task per (chunk, group) runs where the group lives and
+searches the chunk's queries routed there (`search_group`), and the partial top-k lists are
+merged by (distance, id) and written as Parquet parts (`lshdist.cluster.tasks.merge_and_write`,
+the permutation index's writer).  ``--mode scan`` searches every group by the exact scan: the
+exact answer under the index's metric.  ``--target-recall R`` first calibrates n_probe and
+n_candidates on a sample of the queries (`lshdist.index.subspace_calibrate`: the exact top-k
+of the sample by a scan of every group, then the Hamming ranks of the true neighbours in their
+groups, one task per group each; the grid is counted on the driver) and records the choice
+and the curve in the results' ``results.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lshdist.cluster import tasks
+from lshdist.cluster.pipeline import _progress, check_data_for_model, spread
+from lshdist.cluster.subspace import load_metric
+from lshdist.config import ClusterConfig, QueryConfig
+from lshdist.errors import ClusterError, InputError
+from lshdist.index.krylov import subspace_residuals
+from lshdist.index.subspace import probe_mask, search_group
+from lshdist.metric.learned import ExplicitMetric
+from lshdist.store.atomic import check_output
+from lshdist.store.dataset import Dataset
+from lshdist.store.index import index_method, read_manifest
+from lshdist.store.model import read_model_meta
+from lshdist.store.results import write_results
+from lshdist.store.subspace import METHOD, GroupSegment, read_group, read_subspaces
+
+log = logging.getLogger(__name__)
+
+#: one query chunk routed: (centred float64 (Q, d), probe mask (Q, G), query ids, Zq float32)
+Routed = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+# ------------------------------------------------------------------------------ worker tasks
+
+
+def load_group(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]) -> GroupSegment:
+    return read_group(index_dir, entry, manifest)
+
+
+def load_router(index_dir: str, manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    return read_subspaces(index_dir, manifest)
+
+
+def route_chunk(queries_path: str, start: int, stop: int, metric: ExplicitMetric,
+                router: tuple[np.ndarray, np.ndarray], sizes: np.ndarray, k: int,
+                n_probe: int) -> Routed:
+    """Queries ``start:stop`` in the learned space, and the groups each one searches."""
+    ds = Dataset(queries_path)
+    Zq = metric.transform(ds.read_rows(start, stop))
+    bases, center = router
+    Zqc = Zq.astype(np.float64) - center
+    route = np.stack([subspace_residuals(Zqc, V) for V in bases], axis=1)
+    mask, _ = probe_mask(route, sizes, k, n_probe)
+    return Zqc, mask, np.asarray(ds.ids()[start:stop], np.int64), Zq
+
+
+def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidates: int,
+                      mode: str = "hash") -> tasks.Partial:
+    """Partial top-k of one query chunk in one group (queries not routed there: inf / -1);
+    ``mode="scan"``: every member of the group, by the exact scan (`scan_topk`)."""
+    from lshdist.index.payload import DensePayload
+    from lshdist.index.scan import scan_topk
+
+    Zqc, mask, _, Zq = routed
+    Q = len(Zq)
+    dist = np.full((Q, k), np.inf, np.float32)
+    ids = np.full((Q, k), -1, np.int64)
+    reranked = np.zeros(Q, np.int64)
+    qs = np.flatnonzero(mask[:, segment.number])
+    if len(qs) and mode == "scan":
+        m = min(k, len(segment))
+        dist[qs, :m], ids[qs, :m] = scan_topk(segment.payload, DensePayload(Zq[qs]), m,
+                                              ids=segment.ids)
+        reranked[qs] = len(segment)
+    elif len(qs):
+        d, i, c = search_group(segment.group, segment.payload, segment.ids, Zqc[qs], Zq[qs], k,
+                               n_candidates)
+        dist[qs], ids[qs], reranked[qs] = d, i, c
+    return dist, ids, reranked
+
+
+def route_sample(sample: tuple[Any, Any], metric: ExplicitMetric,
+                 router: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+    """A calibration sample (`tasks.calibration_sample`) in the learned space: centred float64
+    rows, their distances to every subspace (Q, G), the float32 rows."""
+    Zq = metric.transform(sample[0])
+    bases, center = router
+    Zqc = Zq.astype(np.float64) - center
+    return Zqc, np.stack([subspace_residuals(Zqc, V) for V in bases], axis=1), Zq
+
+
+def group_topk(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarray, np.ndarray], k: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top-k of every sample query within one group (inf / -1 past its rows)."""
+    from lshdist.index.payload import DensePayload
+    from lshdist.index.scan import scan_topk
+
+    Zq = routed[2]
+    dist = np.full((len(Zq), k), np.inf, np.float32)
+    ids = np.full((len(Zq), k), -1, np.int64)
+    m = min(k, len(segment))
+    dist[:, :m], ids[:, :m] = scan_topk(segment.payload, DensePayload(Zq), m, ids=segment.ids)
+    return dist, ids
+
+
+def group_truth_ranks(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      truth: np.ndarray) -> np.ndarray:
+    """Hamming ranks (`hamming_ranks`) in this group of the true neighbours ``truth`` (Q, k)
+    that are its members; -1 for the others."""
+    from lshdist.index.subspace_calibrate import hamming_ranks
+
+    at = np.minimum(np.searchsorted(segment.ids, truth), len(segment) - 1)
+    mine = (segment.ids[at] == truth) & (truth >= 0)
+    return hamming_ranks(segment.group, routed[0], np.where(mine, at, -1))
+
+
+# ------------------------------------------------------------------------------------- query
+
+
+@dataclass
+class SubspaceQueryPlan:
+    """A checked query of a subspace index: everything `run_subspace_query` needs."""
+
+    index: Path
+    queries: Dataset
+    out: Path
+    cfg: QueryConfig
+    overwrite: bool
+    manifest: dict[str, Any]
+    mode: str
+    n_probe: int
+    n_candidates: int
+
+
+def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
+                        overwrite: bool = False) -> SubspaceQueryPlan:
+    """Check a query of a subspace index on the driver (no cluster)."""
+    cfg = cfg or QueryConfig()
+    manifest = read_manifest(index)
+    if index_method(manifest) != METHOD:
+        raise InputError(f"index {index!r} is not a subspace index")
+    if cfg.target_recall is not None and (cfg.mode == "scan" or cfg.probe is not None
+                                          or cfg.candidates is not None):
+        raise InputError("--target-recall calibrates --probe and --candidates on a sample of "
+                         "the queries; give one or the other (and not --mode scan)")
+    try:
+        meta = read_model_meta(manifest["model"])
+    except InputError as exc:
+        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
+    if meta["checksum"] != manifest["model_checksum"]:
+        raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
+                         "(checksums differ); rebuild the index or restore the model")
+    qds = Dataset(queries)
+    check_data_for_model(qds, meta, "queries dataset")
+    check_output(out, overwrite, kind="lshdist-results",
+                 inputs=(index, queries, manifest["model"]))
+    rec = manifest["subspace"]
+    if cfg.mode == "scan":
+        mode, probe, cand = "scan", len(manifest["segments"]), max(rec["group_sizes"])
+    else:
+        mode = "hash"
+        probe = cfg.probe if cfg.probe is not None else rec["n_probe"]
+        cand = cfg.candidates if cfg.candidates is not None else rec["n_candidates"]
+    return SubspaceQueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode,
+                             probe, cand)
+
+
+def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
+                       stall: float = ClusterConfig.stall_timeout,
+                       in_flight: int | None = None) -> dict[str, Any]:
+    """Run a planned query of a subspace index; returns ``{queries, segments, out, mode}``.
+    At most ``in_flight`` query chunks (default two per worker) are in flight."""
+    from distributed import wait
+
+    cfg, m, qds = plan.cfg, plan.manifest, plan.queries
+    index = str(plan.index)
+    metric_f = client.submit(load_metric, m["model"], pure=False, retries=2)
+    router_f = client.submit(load_router, index, m, pure=False, retries=2)
+    client.replicate([metric_f, router_f])
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    entries = m["segments"]
+    where = spread([int(e["rows"]) for e in entries], workers)
+    segs = [client.submit(load_group, index, e, m, pure=False, retries=2,
+                          workers=None if w is None else [w], allow_other_workers=True)
+            for e, w in zip(entries, where)]
+    sizes = np.asarray(m["subspace"]["group_sizes"], np.int64)
+    window = in_flight or 2 * max(1, len(workers))
+    chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
+    held: dict[Any, list[Any]] = {}
+    reason = ("the index's own parameters" if plan.mode == "hash"
+              else "asked for (--mode scan): every group by the exact scan")
+    calibration = None
+    if plan.cfg.target_recall is not None:
+        try:
+            plan, calibration = _calibrated(client, plan, metric_f, router_f, segs, sizes,
+                                            stall)
+        except BaseException:
+            client.cancel([*segs, metric_f, router_f])
+            raise
+        reason = calibration["reason"]
+    op = {"n_probe": plan.n_probe, "n_candidates": plan.n_candidates}
+
+    def submit(c: int, tmp: str) -> None:
+        a, b = chunks[c]
+        enc = client.submit(route_chunk, str(qds.path), a, b, metric_f, router_f, sizes, cfg.k,
+                            plan.n_probe, pure=False, retries=2)
+        parts = [client.submit(search_group_task, s, enc, cfg.k, plan.n_candidates,
+                               plan.mode, pure=False, retries=2) for s in segs]
+        w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
+                          retries=2)
+        held[w] = [enc, *parts]
+
+    total = 0
+    try:
+        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
+                           inputs=(plan.index, qds.path, m["model"]),
+                           info={"mode": plan.mode, "method": METHOD, "operating_point": op,
+                                 "reason": reason, "calibration": calibration}) as tmp:
+            nxt = 0
+            while nxt < len(chunks) and len(held) < window:
+                submit(nxt, str(tmp))
+                nxt += 1
+            while held:
+                try:
+                    done, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
+                except TimeoutError:
+                    raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the "
+                                       "scheduler or the workers are stalled — check them, or "
+                                       "raise --stall-timeout") from None
+                for w in done:
+                    total += int(w.result())
+                    client.cancel(held.pop(w))
+                    if nxt < len(chunks):
+                        submit(nxt, str(tmp))
+                        nxt += 1
+    finally:
+        for w, rest in held.items():
+            client.cancel([w, *rest])
+        client.cancel([*segs, metric_f, router_f])
+    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
+            "operating_point": op, "calibration": calibration}
+
+
+def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: Any,
+                segs: Sequence[Any], sizes: np.ndarray, stall: float
+                ) -> tuple[SubspaceQueryPlan, dict[str, Any]]:
+    """``--target-recall``: n_probe and n_candidates calibrated on a sample of the queries
+    (`lshdist.index.subspace_calibrate`): the exact top-k of the sample by a scan of every group
+    (one task per group, merged by (distance, id)), then the Hamming ranks of the true
+    neighbours in their groups (one task per group); the grid is counted on the driver."""
+    from dataclasses import asdict, replace
+
+    from lshdist.index.calibrate import SAMPLE_QUERIES
+    from lshdist.index.permutation import merge_topk
+    from lshdist.index.subspace_calibrate import choose, grid
+
+    t0 = time.perf_counter()
+    k, target = plan.cfg.k, float(plan.cfg.target_recall or 0.0)
+    seed = int(plan.manifest["seed"])
+    sample_f = client.submit(tasks.calibration_sample, None, None, str(plan.queries.path), seed,
+                             pure=False, retries=2)
+    routed_f = client.submit(route_sample, sample_f, metric_f, router_f, pure=False, retries=2)
+    tops = [client.submit(group_topk, s, routed_f, k, pure=False, retries=2) for s in segs]
+    held = [sample_f, routed_f, *tops]
+    try:
+        for _ in _progress(tops, "truth", stall):
+            pass
+        parts = [f.result() for f in tops]
+        _, truth = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
+        ranks = [client.submit(group_truth_ranks, s, routed_f, truth, pure=False, retries=2)
+                 for s in segs]
+        held += ranks
+        for _ in _progress(ranks, "calibrate", stall):
+            pass
+        per_group = np.stack([f.result() for f in ranks])  # (G, Q, k)
+        route = routed_f.result()[1]
+    finally:
+        client.cancel(held)
+    in_group = per_group >= 0
+    truth_group = np.where(in_group.any(axis=0), in_group.argmax(axis=0), -1)
+    truth_rank = per_group.max(axis=0)
+    n_truth = int((truth >= 0).sum())
+    points = grid(route, sizes, k, truth_group, truth_rank, n_truth)
+    Q = len(truth)
+    best, reason = choose(points, target, Q, k)
+    log.info("calibration on %d of the %d queries (%.1fs): n_probe %d, n_candidates %d — %s",
+             Q, plan.queries.n, time.perf_counter() - t0, best.n_probe, best.n_candidates, reason)
+    record = {"target": target, "k": k, "n_queries": Q, "sample_size": SAMPLE_QUERIES,
+              "chosen": asdict(best), "reason": f"calibrated on the queries: {reason}",
+              "seconds": time.perf_counter() - t0, "points": [asdict(p) for p in points]}
+    return replace(plan, n_probe=best.n_probe, n_candidates=best.n_candidates), record
