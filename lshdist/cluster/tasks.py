@@ -97,19 +97,20 @@ def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path
 
 
 def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
-                       queries_path: str | None, seed: int, family: HashFamily
-                       ) -> tuple[Any, np.ndarray | None]:
+                       queries_path: str | None, seed: int,
+                       family: HashFamily | None = None) -> tuple[Any, np.ndarray | None]:
     """The rows a calibration queries with — the sample `calibrate_index` takes: of the
     dataset ``queries_path``, or (leave-one-out) of the first segment's rows ``shards`` of
     ``data_path``; returns them and, leave-one-out, their ids (left out of their answers)."""
     from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
 
     if queries_path is not None:
-        qds = open_data(queries_path, _metric(family).embedding)
+        embedding = None if family is None else _metric(family).embedding
+        qds = open_data(queries_path, embedding)
         return qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed)), None
     if data_path is None or shards is None:
         raise InputError("a calibration sample needs the queries or the first segment's rows")
-    ds = open_data(data_path, _metric(family).embedding)
+    ds = open_data(data_path, None if family is None else _metric(family).embedding)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     rows = start + sample_rows(stop - start, SAMPLE_QUERIES, seed)
     return ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)

@@ -106,7 +106,7 @@ def choose(points: Sequence[SubspacePoint], target: float, n_queries: int, k: in
            ) -> tuple[SubspacePoint, str]:
     """The cheapest point (fewest rows re-ranked; then fewer groups, fewer candidates) whose
     recall reaches ``target`` plus one standard error; the most accurate one if none does."""
-    need = min(target + recall_margin(target, n_queries, k), 1.0)
+    need = min(target + recall_margin(target, n_queries), 1.0)
     ok = [p for p in points if p.recall >= need]
     if not ok:
         best = max(points, key=lambda p: (p.recall, -p.reranked))
