@@ -29,6 +29,7 @@ from lshdist.cluster.pipeline import (
     _progress,
     _remove_segments,
     _with_segments,
+    index_model_meta,
     load_segments,
     plan_build,
 )
@@ -43,7 +44,6 @@ from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_output, os_error
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import FORMAT, index_lock, new_segment_name, read_manifest, write_manifest
-from lshdist.store.model import read_model_meta
 from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
@@ -226,10 +226,7 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
                          "index built with --family h-hash or eh-hash (or use --queries)")
     if cfg.target_recall is not None:
         raise InputError("--target-recall: a hyperplane index has no calibration curve")
-    try:
-        model_meta = read_model_meta(manifest["model"])
-    except InputError as exc:
-        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
+    model_meta = index_model_meta(index, manifest)
     sparse = bool(model_meta.get("sparse"))
     ids: np.ndarray | None = None
     source: str | np.ndarray

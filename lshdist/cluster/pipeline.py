@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,31 @@ def check_data_for_model(ds: Dataset, meta: dict[str, Any], what: str) -> None:
     if ds.d != meta["d"]:
         raise InputError(f"{what} {str(ds.path)!r} has {ds.d} features, but the model was "
                          f"learned on {meta['d']}")
+
+
+def index_model_meta(index: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """model.json of the model an index was built with, checked against the index's record."""
+    try:
+        meta = read_model_meta(manifest["model"])
+    except InputError as exc:
+        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
+    if meta["checksum"] != manifest["model_checksum"]:
+        raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
+                         "(checksums differ); rebuild the index or restore the model")
+    return meta
+
+
+def check_query_inputs(index: str, manifest: dict[str, Any], queries: str, out: str,
+                       overwrite: bool) -> tuple[dict[str, Any], Dataset]:
+    """The checks every k-NN query job makes before a cluster starts: the index's model
+    (`index_model_meta`), the queries against it, the results directory; returns
+    ``(model meta, queries dataset)``."""
+    meta = index_model_meta(index, manifest)
+    qds = Dataset(queries)
+    check_data_for_model(qds, meta, "queries dataset")
+    check_output(out, overwrite, kind="lshdist-results",
+                 inputs=(index, queries, manifest["model"]))
+    return meta, qds
 
 
 def check_sets_for_model(ds: Dataset, emb: dict[str, Any] | None, what: str) -> None:
@@ -497,17 +522,7 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     if manifest.get("family"):
         raise InputError(f"index {index!r} was built for hyperplane queries "
                          f"({manifest['family']['name']}); query it with --hyperplanes")
-    try:
-        model_meta = read_model_meta(manifest["model"])
-    except InputError as exc:
-        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
-    if model_meta["checksum"] != manifest["model_checksum"]:
-        raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
-                         "(checksums differ); rebuild the index or restore the model")
-    qds = Dataset(queries)
-    check_data_for_model(qds, model_meta, "queries dataset")
-    check_output(out, overwrite, kind="lshdist-results",
-                 inputs=(index, queries, manifest["model"]))
+    _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
     if cfg.k > manifest["rows"]:
         log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
                     "neighbours", cfg.k, manifest["rows"], manifest["rows"])
@@ -651,8 +666,6 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
 
 def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,
                   segs: list[Any], tmp: str, window: int, stall: float) -> int:
-    from distributed import wait
-
     cfg, qds = plan.cfg, plan.queries
     held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
     total, t0, done_chunks = 0, time.perf_counter(), 0
@@ -667,32 +680,47 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, f
                           retries=2)
         held[w] = [enc, *parts]
 
-    nxt = 0
+    def done(w: Any) -> None:
+        nonlocal total, done_chunks
+        total += int(w.result())
+        done_chunks += 1
+        log.info("query  [%-20s] %d/%d chunks, %.1fs", "#" * (20 * done_chunks
+                 // len(chunks)), done_chunks, len(chunks), time.perf_counter() - t0)
+
     try:
-        while nxt < len(chunks) and len(held) < window:
-            submit(nxt)
-            nxt += 1
-        while held:
-            try:
-                done, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the scheduler "
-                                   "or the workers are stalled — check them, or raise "
-                                   "--stall-timeout") from None
-            for w in done:
-                total += int(w.result())
-                client.cancel(held.pop(w))  # release the chunk's encoded queries and partials
-                done_chunks += 1
-                log.info("query  [%-20s] %d/%d chunks, %.1fs", "#" * (20 * done_chunks
-                         // len(chunks)), done_chunks, len(chunks), time.perf_counter() - t0)
-                if nxt < len(chunks):
-                    submit(nxt)
-                    nxt += 1
+        windowed(client, held, len(chunks), submit, done, window, stall)
     except BaseException:
         for w, rest in held.items():
             client.cancel([w, *rest])
         raise
     return total
+
+
+def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[int], None],
+             done: Callable[[Any], None], window: int, stall: float) -> None:
+    """Run chunks ``0..n-1`` with at most ``window`` in flight: ``submit(c)`` puts chunk c's
+    final future in ``held`` (with its intermediate futures), ``done(future)`` takes each
+    result; a finished chunk's futures are released before the next is submitted.  A chunk
+    that does not finish for ``stall`` seconds fails the job with a `ClusterError`."""
+    from distributed import wait
+
+    nxt = 0
+    while nxt < n and len(held) < window:
+        submit(nxt)
+        nxt += 1
+    while held:
+        try:
+            finished, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the scheduler or "
+                               "the workers are stalled — check them, or raise "
+                               "--stall-timeout") from None
+        for w in finished:
+            done(w)
+            client.cancel(held.pop(w))  # release the chunk's encoded queries and partials
+            if nxt < n:
+                submit(nxt)
+                nxt += 1
 
 
 def query_index(client: Any, *, index: str, queries: str, out: str,

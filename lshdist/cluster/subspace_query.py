@@ -27,17 +27,15 @@ from typing import Any
 import numpy as np
 
 from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import _progress, check_data_for_model, spread
+from lshdist.cluster.pipeline import _progress, check_query_inputs, spread, windowed
 from lshdist.cluster.subspace import load_metric
 from lshdist.config import ClusterConfig, QueryConfig
-from lshdist.errors import ClusterError, InputError
+from lshdist.errors import InputError
 from lshdist.index.krylov import subspace_residuals
 from lshdist.index.subspace import probe_mask, search_group
 from lshdist.metric.learned import ExplicitMetric
-from lshdist.store.atomic import check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import index_method, read_manifest
-from lshdist.store.model import read_model_meta
 from lshdist.store.results import write_results
 from lshdist.store.subspace import METHOD, GroupSegment, read_group, read_subspaces
 
@@ -161,17 +159,7 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
                                           or cfg.candidates is not None):
         raise InputError("--target-recall calibrates --probe and --candidates on a sample of "
                          "the queries; give one or the other (and not --mode scan)")
-    try:
-        meta = read_model_meta(manifest["model"])
-    except InputError as exc:
-        raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
-    if meta["checksum"] != manifest["model_checksum"]:
-        raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
-                         "(checksums differ); rebuild the index or restore the model")
-    qds = Dataset(queries)
-    check_data_for_model(qds, meta, "queries dataset")
-    check_output(out, overwrite, kind="lshdist-results",
-                 inputs=(index, queries, manifest["model"]))
+    _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
     rec = manifest["subspace"]
     if cfg.mode == "scan":
         mode, probe, cand = "scan", len(manifest["segments"]), max(rec["group_sizes"])
@@ -188,7 +176,6 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
                        in_flight: int | None = None) -> dict[str, Any]:
     """Run a planned query of a subspace index; returns ``{queries, segments, out, mode}``.
     At most ``in_flight`` query chunks (default two per worker) are in flight."""
-    from distributed import wait
 
     cfg, m, qds = plan.cfg, plan.manifest, plan.queries
     index = str(plan.index)
@@ -234,23 +221,12 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
                            inputs=(plan.index, qds.path, m["model"]),
                            info={"mode": plan.mode, "method": METHOD, "operating_point": op,
                                  "reason": reason, "calibration": calibration}) as tmp:
-            nxt = 0
-            while nxt < len(chunks) and len(held) < window:
-                submit(nxt, str(tmp))
-                nxt += 1
-            while held:
-                try:
-                    done, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
-                except TimeoutError:
-                    raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the "
-                                       "scheduler or the workers are stalled — check them, or "
-                                       "raise --stall-timeout") from None
-                for w in done:
-                    total += int(w.result())
-                    client.cancel(held.pop(w))
-                    if nxt < len(chunks):
-                        submit(nxt, str(tmp))
-                        nxt += 1
+            def done(w: Any) -> None:
+                nonlocal total
+                total += int(w.result())
+
+            windowed(client, held, len(chunks), lambda c: submit(c, str(tmp)), done, window,
+                     stall)
     finally:
         for w, rest in held.items():
             client.cancel([w, *rest])
