@@ -30,18 +30,21 @@ FEATURES = ("dense-patches", "daisy", "orb", "sift")
 
 
 def _gray01(image: np.ndarray) -> np.ndarray:
-    """A 2-d float64 image in [0, 1] (colour averaged; integer images by their dtype's range)."""
-    a = np.asarray(image)
-    if a.ndim == 3:
-        a = a[..., :3].mean(axis=2) if a.dtype.kind == "f" else a[..., :3].astype(np.float64).mean(
-            axis=2)
-    if a.ndim != 2:
-        raise InputError(f"an image must be 2-d (gray) or 3-d (colour), got shape {a.shape}")
-    if np.asarray(image).dtype.kind in "ui":
-        return a.astype(np.float64) / float(np.iinfo(np.asarray(image).dtype).max)
-    a = a.astype(np.float64)
-    hi = float(a.max()) if a.size else 0.0
-    return a / hi if hi > 1.0 else a
+    """A 2-d float64 image in [0, 1], colour averaged: integer images by their dtype's range,
+    float images as given (in [0, 1]; `lshdist.inputs.images` scales a 0..255 float file as
+    a whole, never an image by its own maximum)."""
+    raw = np.asarray(image)
+    if raw.ndim == 3:
+        raw = raw[..., :3]
+    if raw.ndim not in (2, 3):
+        raise InputError(f"an image must be 2-d (gray) or 3-d (colour), got shape {raw.shape}")
+    a = raw.astype(np.float64)
+    if raw.dtype.kind in "ui":
+        a /= float(np.iinfo(raw.dtype).max)
+    elif a.size and (not np.isfinite(a).all() or a.min() < 0 or a.max() > 1):
+        raise InputError(f"float images must hold values in [0, 1], got {a.min()}..{a.max()}; "
+                         "rescale them before extracting features")
+    return a.mean(axis=2) if a.ndim == 3 else a
 
 
 def dense_patches(image: np.ndarray, patch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,8 +95,8 @@ def _keypoints(image: np.ndarray, kind: str, keypoints: int, min_side: int
         return np.zeros((0, dim)), np.zeros((0, 2))
     desc = np.asarray(detector.descriptors, np.float64)
     kp = np.asarray(detector.keypoints, np.float64) / scale
-    if kind == "sift" and len(desc) > keypoints:  # the strongest first? SIFT has no score
-        desc, kp = desc[:keypoints], kp[:keypoints]
+    if kind == "sift" and len(desc) > keypoints:  # scikit-image's SIFT has no response
+        desc, kp = desc[:keypoints], kp[:keypoints]  # score: the first K it returns
     return desc.reshape(len(desc), dim), kp.reshape(len(kp), 2)
 
 

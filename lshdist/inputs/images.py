@@ -67,6 +67,13 @@ def _npz(path: Path) -> Images:
                          f"numeric images, got {X.dtype} {X.shape}")
     if y is not None and len(y) != len(X):
         raise InputError(f"{str(path)!r}: y has {len(y)} labels for {len(X)} images")
+    if X.dtype.kind == "f":  # one scale for the whole file: [0, 1] as given, or 0..255
+        lo, hi = float(X.min()), float(X.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)) or lo < 0 or hi > 255:
+            raise InputError(f"{str(path)!r}: float images must hold values in [0, 1] or "
+                             f"[0, 255], got {lo}..{hi}; rescale X before ingesting")
+        if hi > 1:
+            X = X / np.float32(255)
     return Images(list(X), y, [str(path)])
 
 

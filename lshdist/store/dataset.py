@@ -584,16 +584,20 @@ class Dataset:
 
     def read_set_rows(self, rows: np.ndarray) -> PointSets:
         """The sets numbered ``rows`` (sorted, unique), read shard by shard."""
+        parts = [self.read_sets(a, b).take(r) for a, b, r in self._rows_by_shard(rows)]
+        return concat_sets(parts, int(self.attrs["d"]))
+
+    def _rows_by_shard(self, rows: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(shard start, shard stop, the rows in it relative to its start)`` for every
+        shard holding some of ``rows`` (checked: sorted, unique, in range)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows[0] < 0 or rows[-1] >= self.n or np.any(np.diff(rows) <= 0)):
             raise InputError(f"row numbers must be sorted, unique and in 0..{self.n - 1}")
         b = self.shard_bounds
-        parts = []
         for i in range(self.n_shards):
             lo, hi = np.searchsorted(rows, [b[i], b[i + 1]])
             if hi > lo:
-                parts.append(self.read_sets(int(b[i]), int(b[i + 1])).take(rows[lo:hi] - b[i]))
-        return concat_sets(parts, int(self.attrs["d"]))
+                yield int(b[i]), int(b[i + 1]), rows[lo:hi] - b[i]
 
     def read_rows(self, start: int, stop: int) -> Block:
         """Rows ``start:stop``: a float32 array, or a `SparseBlock`."""
@@ -613,16 +617,8 @@ class Dataset:
         shard and the selected rows, never the whole dataset."""
         if self.kind == "pointsets":
             raise self._refuse_sets()
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows[0] < 0 or rows[-1] >= self.n or np.any(np.diff(rows) <= 0)):
-            raise InputError(f"row numbers must be sorted, unique and in 0..{self.n - 1}")
-        b = self.shard_bounds
-        parts: list[Block] = []
-        for i in range(self.n_shards):
-            lo, hi = np.searchsorted(rows, [b[i], b[i + 1]])
-            if hi > lo:
-                parts.append(take_rows(self.read_rows(int(b[i]), int(b[i + 1])),
-                                       rows[lo:hi] - b[i]))
+        parts: list[Block] = [take_rows(self.read_rows(a, b), r)
+                              for a, b, r in self._rows_by_shard(rows)]
         if self.kind == "dense":
             return (np.concatenate(parts) if parts  # type: ignore[arg-type]
                     else np.zeros((0, self.d), np.float32))

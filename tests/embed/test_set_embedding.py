@@ -178,3 +178,5 @@ def test_extractors_on_real_shapes():
     assert blank.sizes[0] == 0
     with pytest.raises(InputError, match="choose one of"):
         extract_sets(imgs, "hog")
+    with pytest.raises(InputError, match=r"float images must hold values in \[0, 1\]"):
+        extract_sets(np.full((1, 28, 28), 3.0), "dense-patches")

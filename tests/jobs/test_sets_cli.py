@@ -21,7 +21,7 @@ def digits_sets(tmp_path_factory):
     """Digits images (16 x 16, upscaled) as npz train/test, ingested as dense patches."""
     root = tmp_path_factory.mktemp("sets")
     d = load_digits()
-    images = np.kron(d.images, np.ones((2, 2))) * 16  # 0..256
+    images = np.kron(d.images, np.ones((2, 2))) * 15  # 0..240, float: read as 0..255
     rng = np.random.default_rng(0)
     order = rng.permutation(len(images))
     tr, te = order[:700], order[700:800]
@@ -123,6 +123,12 @@ def test_refusals(digits_sets, tmp_path, capsys):
                  "--out", str(tmp_path / "x")]) == 2
     assert "--format apply to vector inputs" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    np.savez(tmp_path / "bright.npz", X=np.full((3, 16, 16), 1000.0, np.float32))
+    assert main(["ingest", str(tmp_path / "bright.npz"), "--features", "daisy", "--out",
+                 str(tmp_path / "b"), *CLUSTER]) == 2
+    assert "float images must hold values in [0, 1] or [0, 255], got 1000.0" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "b").exists()
     assert main(["learn", "--data", str(root / "train"), "--kernel", "pmk", "--basis", "30",
                  "--constraints", "100", "--no-search", "--out", str(tmp_path / "m")]) == 0
     capsys.readouterr()
