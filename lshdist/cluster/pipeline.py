@@ -421,7 +421,7 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     them; None for a single searched part (its own recall@k is the answer's).
 
     One scan task per segment finds the calibration sample's exact neighbours in each part
-    (``SAMPLE_QUERIES / Q`` of a full scan); the driver merges them to the true top-k and
+    (`query_sample_size`: about 2 % of a full scan of the queries); the driver merges them to the true top-k and
     marks, per part, its rows that are true neighbours (`merged_relevance`); one grid task per
     segment counts, for every (M', W', H), how many of its marked rows it re-ranks
     (`grid_counts`); the sums give each point's recall of the merged answer and its rows

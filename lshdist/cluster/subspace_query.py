@@ -244,7 +244,7 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
     neighbours in their groups (one task per group); the grid is counted on the driver."""
     from dataclasses import asdict, replace
 
-    from lshdist.index.calibrate import SAMPLE_QUERIES
+    from lshdist.index.calibrate import query_sample_size
     from lshdist.index.permutation import merge_topk
     from lshdist.index.subspace_calibrate import choose, grid
 
@@ -279,7 +279,7 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
     best, reason = choose(points, target, Q, k)
     log.info("calibration on %d of the %d queries (%.1fs): n_probe %d, n_candidates %d — %s",
              Q, plan.queries.n, time.perf_counter() - t0, best.n_probe, best.n_candidates, reason)
-    record = {"target": target, "k": k, "n_queries": Q, "sample_size": SAMPLE_QUERIES,
+    record = {"target": target, "k": k, "n_queries": Q, "sample_size": query_sample_size(plan.queries.n),
               "chosen": asdict(best), "reason": f"calibrated on the queries: {reason}",
               "seconds": time.perf_counter() - t0, "points": [asdict(p) for p in points]}
     return replace(plan, n_probe=best.n_probe, n_candidates=best.n_candidates), record

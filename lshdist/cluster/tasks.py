@@ -102,12 +102,12 @@ def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
     """The rows a calibration queries with — the sample `calibrate_index` takes: of the
     dataset ``queries_path``, or (leave-one-out) of the first segment's rows ``shards`` of
     ``data_path``; returns them and, leave-one-out, their ids (left out of their answers)."""
-    from lshdist.index.calibrate import SAMPLE_QUERIES, sample_rows
+    from lshdist.index.calibrate import SAMPLE_QUERIES, query_sample_size, sample_rows
 
     if queries_path is not None:
         embedding = None if family is None else _metric(family).embedding
         qds = open_data(queries_path, embedding)
-        return qds.read_row_set(sample_rows(qds.n, SAMPLE_QUERIES, seed)), None
+        return qds.read_row_set(sample_rows(qds.n, query_sample_size(qds.n), seed)), None
     if data_path is None or shards is None:
         raise InputError("a calibration sample needs the queries or the first segment's rows")
     ds = open_data(data_path, None if family is None else _metric(family).embedding)

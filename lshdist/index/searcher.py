@@ -11,7 +11,14 @@ import numpy as np
 from lshdist.blocks import RowsLike, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
-from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, Point, calibrate, sample_rows
+from lshdist.index.calibrate import (
+    SAMPLE_QUERIES,
+    Calibration,
+    Point,
+    calibrate,
+    query_sample_size,
+    sample_rows,
+)
 from lshdist.index.params import resolve_permutations
 from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
@@ -104,7 +111,7 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
     (`lshdist.index.calibrate.calibrate`): this index is then only timed."""
     if queries is not None:
         Q = as_block(queries)
-        pick = sample_rows(n_rows(Q), SAMPLE_QUERIES, seed)
+        pick = sample_rows(n_rows(Q), query_sample_size(n_rows(Q)), seed)
         Xq = take_rows(Q, pick)
         qrows = np.full(len(pick), -1, dtype=np.int64)  # not database rows: nothing left out
     else:
@@ -142,8 +149,8 @@ class MetricIndex:
     calibration_queries : rows like the real queries to calibrate with (default: a sample of
         the database's own rows, leave-one-out)
     recalibrate : with a target, a ``query(mode="auto")`` of at least `RECALIBRATE_QUERIES`
-        rows first calibrates again on a sample of those queries (their exact neighbours cost
-        ``SAMPLE_QUERIES / Q`` of a scan), so that the operating point fits the queries
+        rows first calibrates again on a sample of those queries (`query_sample_size`: their
+        exact neighbours cost about 2 % of a scan), so that the operating point fits the queries
         actually asked — a database's own rows can be easier queries than the real ones
 
     With a target, calibration happens when first needed, not in ``fit``: a bulk

@@ -12,6 +12,7 @@ from lshdist.index.calibrate import (
     calibrate,
     choose_point,
     decide_mode,
+    query_sample_size,
     recall_margin,
 )
 from lshdist.index.scan import scan_topk
@@ -206,6 +207,12 @@ def test_choose_point_margin():
     assert 0.021 < m < 0.0213
     assert choose_point(pts, 0.9, 10.0, m).recall == 0.95  # 0.915 is within one error
     assert choose_point(pts, 0.99, 10.0, m) is None
+
+
+def test_query_sample_size_grows_with_the_queries_within_bounds():
+    """2 % of the queries, at least 200 (all of them if fewer), at most 1,000."""
+    assert [query_sample_size(n) for n in (50, 200, 4_000, 10_000, 24_000, 100_000, 10**7)
+            ] == [50, 200, 200, 200, 480, 1000, 1000]
 
 
 def test_windows_widen_only_while_the_target_is_out_of_reach(monkeypatch):
