@@ -415,8 +415,9 @@ class QueryConfig(Section):
                                       "another operating point of the index's calibration "
                                       "curve (default: the one chosen at build time)",
                                       metavar="R")
-    query_chunk: int = opt(1_000, POSITIVE, "queries per task (with two chunks in flight per "
-                           "worker, this bounds the query memory)", metavar="n")
+    query_chunk: int = opt(10_000, POSITIVE, "at most this many queries per task (a shard of "
+                           "the queries is split into equal pieces; with two chunks in flight "
+                           "per worker, this bounds the query memory)", metavar="n")
     probe: int | None = opt(None, _optional(POSITIVE),
                             "subspace index: groups searched per query (default: the index's)",
                             metavar="N")

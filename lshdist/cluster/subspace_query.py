@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import _progress, check_query_inputs, spread, windowed
+from lshdist.cluster.pipeline import (
+    _progress,
+    check_query_inputs,
+    query_chunks,
+    spread,
+    windowed,
+)
 from lshdist.cluster.subspace import load_metric
 from lshdist.config import ClusterConfig, QueryConfig
 from lshdist.errors import InputError
@@ -190,7 +196,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
             for e, w in zip(entries, where)]
     sizes = np.asarray(m["subspace"]["group_sizes"], np.int64)
     window = in_flight or 2 * max(1, len(workers))
-    chunks = [(s, min(qds.n, s + cfg.query_chunk)) for s in range(0, qds.n, cfg.query_chunk)]
+    chunks = query_chunks(qds.shard_bounds.tolist(), cfg.query_chunk)
     held: dict[Any, list[Any]] = {}
     reason = ("the index's own parameters" if plan.mode == "hash"
               else "asked for (--mode scan): every group by the exact scan")

@@ -46,3 +46,20 @@ def test_merge_of_segment_topk_equals_global_topk(seed, n, n_segments, k):
     ed, ei = lexsort_topk(X, Q, ids, k)
     assert np.array_equal(got, ei) and np.array_equal(dist, ed)
     assert dist.dtype == np.float32 and got.dtype == np.int64
+
+
+def test_query_chunks_split_shards_never_straddle_them():
+    """Each shard in the fewest nearly equal pieces of at most ``chunk`` rows; the pieces
+    tile the rows in order, and no piece crosses a shard boundary."""
+    from lshdist.cluster.pipeline import query_chunks
+
+    bounds = [0, 20_000, 24_000, 24_001]
+    got = query_chunks(bounds, 10_000)
+    assert got == [(0, 10_000), (10_000, 20_000), (20_000, 24_000), (24_000, 24_001)]
+    got = query_chunks(bounds, 7_000)
+    assert got[:3] == [(0, 6667), (6667, 13333), (13333, 20_000)]
+    for chunk in (1, 3, 999, 50_000):
+        got = query_chunks(bounds, chunk)
+        assert [a for a, _ in got] == [0, *[b for _, b in got[:-1]]] and got[-1][1] == 24_001
+        assert all(0 < b - a <= chunk for a, b in got)
+        assert not any(a < edge < b for a, b in got for edge in bounds)
