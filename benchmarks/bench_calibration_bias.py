@@ -16,6 +16,7 @@ evaluated on any subset of queries without searching again.
 
 import common  # noqa: F401,I001  (first: pins threads before numpy loads)
 
+import itertools
 import json
 import os
 import sys
@@ -114,7 +115,7 @@ def main():
     bounds = (np.linspace(0, N, PARTS + 1).astype(int) if not SEGMENT_ROWS
               else np.array([*range(0, N, SEGMENT_ROWS), N]))
     parts = [(MetricIndex(metric, target_recall=TARGET).fit(X[a:b], n_threads=2), a)
-             for a, b in zip(bounds[:-1], bounds[1:])]
+             for a, b in itertools.pairwise(bounds)]
     ms = [8, 16, 32, 64, 128]
     ws = list(WINDOWS)
     hs = [0, *[f * K for f in HAMMING_FACTORS]]

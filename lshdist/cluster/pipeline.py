@@ -14,6 +14,7 @@ most a few query chunks are in flight, so memory does not grow with the number o
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -73,11 +74,10 @@ def query_chunks(bounds: Sequence[int], chunk: int) -> list[tuple[int, int]]:
     took 0.13 s to read against 0.012 s to encode, so 1,000-row tasks spent 10x more reading
     the shards than all of them needed)."""
     out: list[tuple[int, int]] = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        a, b = int(a), int(b)
+    for a, b in itertools.pairwise(int(x) for x in bounds):
         pieces = -(-(b - a) // chunk)
         edges = np.linspace(a, b, pieces + 1).round().astype(np.int64)
-        out += [(int(x), int(y)) for x, y in zip(edges[:-1], edges[1:]) if y > x]
+        out += [(int(x), int(y)) for x, y in itertools.pairwise(edges) if y > x]
     return out
 
 
@@ -437,9 +437,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     them; None for a single searched part (its own recall@k is the answer's).
 
     One scan task per segment finds the calibration sample's exact neighbours in each part
-    (`query_sample_size`: about 2 % of a full scan of the queries); the driver merges them to the true top-k and
-    marks, per part, its rows that are true neighbours (`merged_relevance`); one grid task per
-    segment counts, for every (M', W', H), how many of its marked rows it re-ranks
+    (`query_sample_size`: about 2 % of a full scan of the queries); the driver merges them to
+    the true top-k and marks, per part, its rows that are true neighbours (`merged_relevance`);
+    one grid task per segment counts, for every (M', W', H), how many of its marked rows it re-ranks
     (`grid_counts`); the sums give each point's recall of the merged answer and its rows
     re-ranked per query over all segments (`pooled_points`) — exactly, for the sample, with
     no assumption that the segments are alike.  A true neighbour is usually among the first

@@ -285,7 +285,8 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
     best, reason = choose(points, target, Q, k)
     log.info("calibration on %d of the %d queries (%.1fs): n_probe %d, n_candidates %d — %s",
              Q, plan.queries.n, time.perf_counter() - t0, best.n_probe, best.n_candidates, reason)
-    record = {"target": target, "k": k, "n_queries": Q, "sample_size": query_sample_size(plan.queries.n),
+    record = {"target": target, "k": k, "n_queries": Q,
+              "sample_size": query_sample_size(plan.queries.n),
               "chosen": asdict(best), "reason": f"calibrated on the queries: {reason}",
               "seconds": time.perf_counter() - t0, "points": [asdict(p) for p in points]}
     return replace(plan, n_probe=best.n_probe, n_candidates=best.n_candidates), record
