@@ -19,9 +19,11 @@ the index manifest and printed by ``lshdist info``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -228,20 +230,32 @@ def part_truth(nbr_ids: np.ndarray, part_ids: np.ndarray, own: np.ndarray | None
 
 def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
                 qself: np.ndarray, relevant: np.ndarray, ms: Sequence[int], ws: Sequence[int],
-                hs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                hs: Sequence[int], n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """One part's share of a merged calibration: hits of its ``relevant`` true neighbours by
     rank, (len(ms), len(ws), len(hs), k), and rows re-ranked, (len(ms), len(ws), len(hs)),
-    summed over the sample (`candidate_recall_grid`)."""
+    summed over the sample (`candidate_recall_grid`; ``n_threads`` > 1: the sample in as many
+    parts, counted in parallel — the counts are sums over queries, so the same)."""
     Q = len(qcodes)
     m_max, w_max = max(ms), max(ws)
-    full = index.candidates(qcodes, n_permutations=m_max, window=w_max).reshape(Q, m_max,
-                                                                                2 * w_max)
-    ham = candidate_hamming(full, index.codes_, qcodes)
     kt = np.where(relevant[:, : truth.shape[1]], truth, -1)
-    hits, reranked = candidate_recall_grid(full, ham, index.bits_, kt, qself,
-                                           np.asarray(ms, np.int64), np.asarray(ws, np.int64),
-                                           np.asarray(hs, dtype=np.int64))
-    return hits, reranked
+    axes = (np.asarray(ms, np.int64), np.asarray(ws, np.int64), np.asarray(hs, np.int64))
+
+    def part(rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        qc = qcodes[rows]
+        full = index.candidates(qc, n_permutations=m_max, window=w_max).reshape(
+            len(qc), m_max, 2 * w_max)
+        ham = candidate_hamming(full, index.codes_, qc)
+        found: tuple[np.ndarray, np.ndarray] = candidate_recall_grid(
+            full, ham, index.bits_, kt[rows], qself[rows], *axes)
+        return found
+
+    n_parts = max(1, min(int(n_threads), Q // 16))
+    if n_parts == 1:
+        return part(slice(0, Q))
+    edges = np.linspace(0, Q, n_parts + 1).astype(int)
+    with ThreadPoolExecutor(n_parts) as pool:
+        parts = list(pool.map(part, [slice(a, b) for a, b in itertools.pairwise(edges)]))
+    return np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0)
 
 
 def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.ndarray, Q: int,
@@ -353,14 +367,17 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
               hash_overhead: float = 0.0,
               merged: tuple[Sequence[Point], int, Sequence[float]] | None = None,
-              timer: Callable[[], float] = time.perf_counter) -> Calibration:
+              timer: Callable[[], float] = time.perf_counter, n_threads: int = 1
+              ) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
     ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
     gave (default: the grids above); ``hash_overhead`` (seconds per query) is added to the
     hashed search's time (hashing the query, which the scan does not need).  ``merged``:
     the index is one of several segments whose answers are merged — (the grid measured over
     every segment, `pooled_points`; the true neighbours it counted; where they rank within
-    their segment, `merged_relevance`): this index is then only timed against its scan."""
+    their segment, `merged_relevance`): this index is then only timed against its scan.
+    ``n_threads``: the grid is counted on that many threads (the timed searches stay on one,
+    as the scan they are compared with)."""
     t_start = timer()
     N = len(index)
     Q = len(qrows)
@@ -398,7 +415,8 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     margin = recall_margin(target, Q)
     while merged is None:
         grid = pooled_points([grid_counts(index, qcodes, truth, qrows, np.ones((Q, ks), bool),
-                                          ms, ws, hs)], np.full(ks, float(Q)), Q, N, ms, ws, hs)
+                                          ms, ws, hs, n_threads)],
+                             np.full(ks, float(Q)), Q, N, ms, ws, hs)
         # a larger database needs wider windows for the same recall (the lists hold more
         # rows between a query and its neighbours): when no point of the grid reaches the
         # target, the windows are doubled, up to MAX_WINDOW (not when W was given)

@@ -102,7 +102,8 @@ def calibrated_lists(n: int, *, n_permutations: int | None, epsilon: float | Non
 def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily, X: RowsLike,
                     *, k: int, target: float, seed: int, fixed: dict[str, int | None],
                     queries: RowsLike | None = None,
-                    merged: tuple[list[Point], int, list[float]] | None = None) -> Calibration:
+                    merged: tuple[list[Point], int, list[float]] | None = None,
+                    n_threads: int = 1) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
     (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
     whose rows have near-copies of themselves — augmented data — makes its own rows easier
@@ -129,7 +130,7 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
                      permutations=None if m is None else [m],
                      windows=None if w is None else [w],
                      hamming_keeps=None if h is None else [h], hash_overhead=hash_overhead,
-                     merged=merged)
+                     merged=merged, n_threads=n_threads)
 
 
 class MetricIndex:
@@ -253,7 +254,7 @@ class MetricIndex:
         if mode == "auto":
             if (self.target_recall is not None and self.recalibrate
                     and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
-                self.calibrate_for(Xq)
+                self.calibrate_for(Xq, n_threads=n_threads)
             mode = self.mode_
         elif mode == "hash":
             self.mode_  # noqa: B018  (the calibrated operating point, computed on first use)
@@ -266,16 +267,16 @@ class MetricIndex:
             self.stats_ = stats
         return dist, ids
 
-    def calibrate_for(self, Xq: RowsLike) -> Calibration:
+    def calibrate_for(self, Xq: RowsLike, *, n_threads: int = 1) -> Calibration:
         """Calibrate again on a sample of the queries ``Xq`` (the parameters given at
         construction kept) and answer later ``auto`` and ``hash`` queries at the point chosen;
-        the curve is kept in ``query_calibration_``."""
+        the curve is kept in ``query_calibration_``; ``n_threads`` count its grid."""
         self._check_fitted()
         if self.target_recall is None:
             raise InputError("calibrate_for needs a target_recall")
         cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
                               k=self.calibration_k, target=self.target_recall, seed=self.seed,
-                              fixed=self.fixed_, queries=Xq)
+                              fixed=self.fixed_, queries=Xq, n_threads=n_threads)
         self.query_calibration_ = cal
         self._query_calibrated = True
         self._use(cal)

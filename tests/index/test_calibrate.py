@@ -354,3 +354,21 @@ def test_the_grid_pooled_over_segments_is_the_merged_search_exactly(split):
         reranked = sum(s.search(qc, qp, k, n_permutations=p.permutations, window=p.window,
                                 hamming_keep=p.hamming_keep)[2]["reranked"].sum() for s in segs)
         assert p.reranked == pytest.approx(reranked / 150)
+
+
+def test_grid_counts_on_threads_equal_one_thread():
+    """The grid counted in parallel parts of the sample is the one-thread grid exactly."""
+    from lshdist.index.calibrate import grid_counts
+
+    X, metric = _index(seed=5, n=2000)
+    ix = MetricIndex(metric, bits=64, n_permutations=16).fit(X)
+    rows = np.arange(0, 2000, 10)
+    qcodes, qpayload = encode(metric, ix.family_, X[rows], query=True)
+    _, truth = scan_topk(ix.index_.payload_, qpayload, 10)
+    axes = ([4, 16], [1, 2, 4], [0, 20, 40])
+    one = grid_counts(ix.index_, qcodes, truth, rows, np.ones(truth.shape, bool), *axes)
+    two = grid_counts(ix.index_, qcodes, truth, rows, np.ones(truth.shape, bool), *axes,
+                      n_threads=3)
+    assert one[0].sum() > 0
+    np.testing.assert_array_equal(one[0], two[0])
+    np.testing.assert_array_equal(one[1], two[1])
