@@ -69,15 +69,16 @@ class DensePayload:
         return dist, top
 
     def distances(self, query: DensePayload) -> np.ndarray:
-        """Approximate distances from the queries to all rows (float32 BLAS expansion; the scan
-        re-checks its best rows exactly)."""
-        Z, Zq = self.Z, query.Z
+        """Scores that order each query's rows as their squared distances do: ``||z||^2 -
+        2 q^T z`` by float32 BLAS (the query's own ``||q||^2``, the same along its row, left
+        out; the scan keeps the best rows by these and re-checks them exactly).  One pass over
+        the (Q, N) result after the product, not three: at 200 x 60,000 each pass costs about
+        a tenth of the product."""
+        Z = self.Z
         if not hasattr(self, "_norms"):
             self._norms = np.einsum("ij,ij->i", Z, Z)
-        D = Zq @ Z.T
-        D *= -2.0
+        D = (query.Z * np.float32(-2.0)) @ Z.T
         D += self._norms[None, :]
-        D += np.einsum("ij,ij->i", Zq, Zq)[:, None]
         return D
 
 
