@@ -1,7 +1,9 @@
 """Indexes on disk: ``index.json`` + one Zarr group per segment (ARCHITECTURE.md section 3).
 
 A segment holds ``ids``, packed ``codes``, the permutations' bit ``positions``, per permutation
-the ``sorted_rows`` and their 64-bit ``sorted_prefix``, and the re-rank ``payload/*`` arrays.
+the ``sorted_rows``, and the re-rank ``payload/*`` arrays; the lists' 64-bit prefixes are
+recomputed from the keys when a segment is read (segments written before that also hold them
+as ``sorted_prefix``, still read and verified).
 The manifest is written last by atomic rename: a reader never sees a half-built index, and an
 interrupted build leaves the previous manifest (and so the previous index) as it was.
 
@@ -69,7 +71,9 @@ def _chunks(a: np.ndarray) -> tuple[int, ...]:
         return a.shape or (1,)
     row = max(1, a.itemsize * int(np.prod(a.shape[1:])))
     return (max(1, min(a.shape[0], _CHUNK_BYTES // row)), *a.shape[1:])
-_STATE = ("ids", "codes", "positions", "sorted_rows", "sorted_prefix")
+_STATE = ("ids", "codes", "positions", "sorted_rows")
+#: stored by segments written before the prefixes were recomputed at load (still read)
+_OLD_STATE = ("sorted_prefix",)
 _SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{16}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REBUILD = "rebuild the index (`lshdist index --overwrite`)"
@@ -157,7 +161,7 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
     """Write one fitted segment; returns its manifest entry (name, rows, M, checksum)."""
     arrays = {
         "ids": index.ids_, "codes": index.codes_, "positions": index.positions_,
-        "sorted_rows": index.sorted_rows_, "sorted_prefix": index.sorted_prefix_,
+        "sorted_rows": index.sorted_rows_,  # the lists' prefixes are recomputed at load
         **{f"payload/{k}": v for k, v in index.payload_.arrays().items()},
     }
     segment_zarr_arrays(segment_path(index_dir, name), arrays,
@@ -273,6 +277,7 @@ def _read_group(path: Path, entry: dict[str, Any], manifest: dict[str, Any], whe
             raise TypeError("'payload' is an array, expected a group")
         payload_arrays = {f"payload/{k}": np.asarray(v[:]) for k, v in pg.arrays()}
         state = {k: zarr_array(g, k) for k in _STATE}
+        state.update({k: zarr_array(g, k) for k in _OLD_STATE if k in g})
     except Exception as exc:  # zarr raises many types for missing or broken chunks and metadata
         raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); "
                           f"{restore}") from None

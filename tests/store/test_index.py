@@ -84,6 +84,40 @@ def test_segments_round_trip_bit_for_bit(index):
         assert np.array_equal(got.payload_.Z, want.payload_.Z)
 
 
+def test_segments_no_longer_store_prefixes_and_read_older_ones_that_do(index):
+    """New segments hold no ``sorted_prefix`` (recomputed from the keys at load: the same
+    array); a segment written before, with the prefixes stored, still reads and verifies."""
+    from lshdist.store.index import _segment_checksum, segment_path, segment_zarr_arrays
+
+    m = read_manifest(index)
+    entry = m["segments"][0]
+    path = segment_path(index, entry["name"])
+    assert not (path / "sorted_prefix").exists() and (path / "sorted_rows").exists()
+    want = fitted(120, 0)
+    old = {"ids": want.ids_, "codes": want.codes_, "positions": want.positions_,
+           "sorted_rows": want.sorted_rows_, "sorted_prefix": want.sorted_prefix_,
+           "payload/Z": want.payload_.Z}
+    segment_zarr_arrays(path, old, {"payload": "dense", "bits": BITS})
+    edit_manifest(index, lambda mm: mm["segments"][0].update(checksum=_segment_checksum(old)),
+                  reseal=True)
+    m = read_manifest(index)
+    got = read_segment(index, m["segments"][0], m)
+    assert np.array_equal(got.sorted_prefix_, want.sorted_prefix_)
+
+
+def test_keys_that_do_not_match_the_list_order_are_refused():
+    """Recomputed prefixes must ascend: two entries of a list swapped (still a permutation,
+    so every range check passes) are caught."""
+    state = state_of(fitted())
+    state.pop("sorted_prefix")
+    back = PermutationIndex.from_state(**state)
+    assert np.array_equal(back.sorted_prefix_, fitted().sorted_prefix_)
+    rows = state["sorted_rows"]
+    rows[1, [0, -1]] = rows[1, [-1, 0]]
+    with pytest.raises(InputError, match="do not belong together"):
+        PermutationIndex.from_state(**state)
+
+
 def test_write_manifest_leaves_the_callers_dict_alone(tmp_path):
     m = base_manifest()
     write_manifest(tmp_path, m)
@@ -157,7 +191,7 @@ def test_duplicated_and_dropped_entries(index):
 def test_damaged_segment_names_itself_and_the_fix(index):
     m = read_manifest(index)
     entry = m["segments"][1]
-    array = index / "segments" / entry["name"] / "sorted_prefix"
+    array = index / "segments" / entry["name"] / "sorted_rows"
     chunk = next(p for p in sorted(array.rglob("*"))
                  if p.is_file() and p.relative_to(array).parts[0] == "c")
     raw = bytearray(chunk.read_bytes())
