@@ -8,7 +8,8 @@ Stages, all through the library (what ``lshdist run`` calls):
   and metric selection), saved with `lshdist.store.model.save_model`;
 * a 2-worker LocalCluster from the config's ``cluster:`` section (`client_from_config`, start-up
   timed and reported apart);
-* per round: index = `plan_build` + `run_build`, queries = `plan_query` + `run_query` of all
+* per round: index = `plan_build` + `run_build` (holding the built segments in worker memory,
+  as `lshdist run` does), queries = `plan_query` + `run_query` (given those segments) of all
   10,000 test rows, with the config's ``index:`` / ``query:`` sections: `IndexConfig` /
   `QueryConfig` defaults (target recall 0.9, M, W, H calibrated, mode auto) but for the
   layout keys the config sets (segment_rows 30,000, query_chunk 2,500, k 10); no search flag.
@@ -109,12 +110,14 @@ def main():
             t0 = time.perf_counter()
             plan = plan_build(data=str(train.path), model=str(model), out=str(index),
                               cfg=run_index_config(cfg, test), overwrite=index.exists())
-            manifest = run_build(client, plan, stall=stall)
+            held: list = []  # as `lshdist run`: the built segments stay in worker memory
+            manifest = run_build(client, plan, stall=stall, hold=held)
             tb = time.perf_counter() - t0
             qp = plan_query(index=str(index), queries=str(test.path), out=str(results),
                             cfg=cfg.query, overwrite=results.exists())
-            info = run_query(client, qp, stall=stall)
+            info = run_query(client, qp, stall=stall, segments=held)
             tq = time.perf_counter() - t0 - tb
+            client.cancel(held)
             _, nb, _, cand = read_results(results, te_ids)
             cal = manifest.get("calibration") or {}
             op = info["operating_point"]

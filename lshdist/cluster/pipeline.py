@@ -302,13 +302,17 @@ def _check_new_ids(out: str, manifest: dict[str, Any], ds: Dataset) -> None:
                 "`--id-offset` past the index's largest id, or with an id column")
 
 
-def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stall_timeout
-              ) -> dict[str, Any]:
+def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stall_timeout,
+              hold: list[Any] | None = None) -> dict[str, Any]:
     """Run a planned build on ``client``; returns the new manifest.
 
     A fresh build is written beside ``out`` and renamed into place when complete; an append
     writes new segments into the index and swaps the manifest.  Both hold the index lock
     throughout (a concurrent append waits up to ``stall`` seconds, then both land).
+
+    ``hold`` (a fresh build): receives futures of the segments exactly as written, in the
+    manifest's order, kept in worker memory — a query that follows in the same cluster passes
+    them to `run_query` instead of reading the index back; the caller releases them.
     """
     _check_worker_memory(client, plan.list_bytes)
     try:
@@ -325,7 +329,7 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
                          plan.out)
                 plan.skipped = True
                 return manifest
-            entries, _ = _build_segments(client, plan, plan.out, stall)
+            entries, _ = _build_segments(client, plan, plan.out, stall, None)
             manifest = read_manifest(plan.out)
             if manifest["model_checksum"] != plan.manifest["model_checksum"]:
                 raise InputError(f"index {str(plan.out)!r} changed model during the append")
@@ -339,7 +343,7 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
             return new
         with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
                         inputs=(plan.data.path, plan.model)) as tmp:
-            entries, op = _build_segments(client, plan, tmp, stall)
+            entries, op = _build_segments(client, plan, tmp, stall, hold)
             new = _with_segments({**plan.manifest, **op}, entries, plan.batch)
             write_manifest(tmp, new)
         return new
@@ -371,8 +375,8 @@ def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]],
     return new
 
 
-def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
-                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
+                    hold: list[Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Fit every segment (in worker memory), calibrate on the first (fresh builds), then write
     each with the chosen number of lists; returns the entries and the manifest's operating
     point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration``)."""
@@ -419,11 +423,23 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float
         for _ in _progress(writes, "index", stall):
             pass
         entries = [f.result() for f in writes]
+        if hold is not None:  # computed where each fit lives, before the fits are released
+            kept = [client.submit(tasks.truncated, fit, keep, pure=False) for fit in fits]
+            try:
+                for _ in _progress(kept, "keep", stall):
+                    pass
+            except BaseException:
+                client.cancel(kept)
+                raise
+            hold += kept
     except BaseException:
         client.cancel(held)
         _remove_segments(index_dir, names)
         raise
-    client.cancel(held)
+    if hold is None:
+        client.cancel(held)
+    # else: cancelling a future also cancels what depends on it (the kept segments); the
+    # futures are released instead when they go out of scope here
     return entries, {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
                      "window": window, "hamming_keep": hkeep}
 
@@ -590,16 +606,23 @@ def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
 
 
 def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stall_timeout,
-              in_flight: int | None = None) -> dict[str, Any]:
+              in_flight: int | None = None, segments: list[Any] | None = None
+              ) -> dict[str, Any]:
     """Run a planned bulk query on ``client``; returns ``{queries, segments, out}``.
 
     At most ``in_flight`` query chunks (default: two per worker) are submitted at a time; a
     chunk's intermediate results are released once its Parquet parts are written.
+    ``segments``: the index's segments already in worker memory (`run_build`'s ``hold``, in
+    the manifest's order; the caller releases them), else they are read from the index.
     """
     cfg, manifest, qds = plan.cfg, plan.manifest, plan.queries
+    if segments is not None and len(segments) != len(manifest["segments"]):
+        raise InputError(f"{len(segments)} segments in memory for an index of "
+                         f"{len(manifest['segments'])}: pass the ones its build held")
     family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
                                 seed=manifest["seed"], learned=manifest["learned"])
-    segs = load_segments(client, str(plan.index), manifest)
+    segs = (load_segments(client, str(plan.index), manifest) if segments is None
+            else list(segments))
     if plan.recalibrate:
         plan = _calibrated_on_queries(client, plan, segs, family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
@@ -614,7 +637,7 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
                                  "reason": plan.reason}) as tmp:
             n = _query_chunks(client, chunks, plan, family_f, segs, str(tmp), window, stall)
     finally:
-        client.cancel([*segs, family_f])
+        client.cancel([family_f] if segments is not None else [*segs, family_f])
     return {"queries": n, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
             "operating_point": plan.op}
 

@@ -174,6 +174,12 @@ def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
     return entry
 
 
+def truncated(index: PermutationIndex, lists: int) -> PermutationIndex:
+    """The fitted segment with its first ``lists`` lists — what `write_fitted` stores — kept in
+    worker memory (views of the fitted arrays, no copy)."""
+    return index.truncated(min(lists, index.n_permutations_))
+
+
 def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
                  ) -> PermutationIndex | PackedSegment:
     return read_segment(index_dir, entry, manifest)

@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                        cfg=run_index_config(cfg, test), overwrite=index.exists())
     with client_from_config(cfg.cluster) as client:
         t = time.perf_counter()
-        run_build(client, build, stall=cfg.cluster.stall_timeout)
+        held: list[Any] = []  # the segments just built stay in worker memory for the queries
+        run_build(client, build, stall=cfg.cluster.stall_timeout, hold=held)
         times["index"] = time.perf_counter() - t
         # the search as configured (default: auto), then the exact scan as the ground truth
         ran: dict[str, str] = {}
@@ -173,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
             q = plan_query(index=str(index), queries=str(test.path), out=str(out), cfg=qcfg,
                            overwrite=out.exists())
             t = time.perf_counter()
-            ran[name] = run_query(client, q, stall=cfg.cluster.stall_timeout)["mode"]
+            ran[name] = run_query(client, q, stall=cfg.cluster.stall_timeout,
+                                  segments=held)["mode"]
             times[f"query-{name}"] = time.perf_counter() - t
+        client.cancel(held)
     t = time.perf_counter()
     ks = [kk for kk in cfg.evaluate.ks if kk <= cfg.query.k]
     scan = evaluate_results(work / "results-scan", train, test, ks)

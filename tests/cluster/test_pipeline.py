@@ -154,6 +154,39 @@ def test_worker_killed_mid_query_costs_a_retry(letter_job, reference, tmp_path):
         assert np.array_equal(got[col], reference[col]), col
 
 
+def test_segments_held_from_the_build_answer_like_the_stored_index(letter_job, reference,
+                                                                    tmp_path):
+    """`run_build(hold=...)` keeps the segments as written in worker memory; a query given them
+    answers exactly as one that reads the index back (hashed and exact), and a wrong count of
+    segments is refused."""
+    from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
+    from lshdist.errors import InputError
+
+    with dask_client(workers=2) as client:
+        held: list = []
+        run_build(client, plan_build(data=str(letter_job / "train-a"),
+                                     model=str(letter_job / "model"), out=str(tmp_path / "idx"),
+                                     cfg=INDEX), hold=held)
+        assert len(held) == 4 and all(f.status == "finished" for f in held)
+        for mode in ("hash", "scan"):
+            out = tmp_path / f"res-{mode}"
+            plan = plan_query(index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),
+                              out=str(out), cfg=Q(mode=mode, query_chunk=1500))
+            run_query(client, plan, segments=held)
+            got = read_results(out)
+            want = reference if mode == "hash" else None
+            if want is None:
+                query_index(client, index=str(tmp_path / "idx"),
+                            queries=str(letter_job / "queries"), out=str(tmp_path / "scan-disk"),
+                            cfg=Q(mode="scan", query_chunk=1500))
+                want = read_results(tmp_path / "scan-disk")
+            for col in want:
+                assert np.array_equal(got[col], want[col]), (mode, col)
+        with pytest.raises(InputError, match="1 segments in memory for an index of 4"):
+            run_query(client, plan, segments=held[:1])
+        client.cancel(held)
+
+
 def test_append_equals_building_from_both(letter_job, tmp_path):
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
