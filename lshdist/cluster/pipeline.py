@@ -27,7 +27,7 @@ import numpy as np
 from lshdist.cluster import tasks
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
-from lshdist.index.calibrate import Calibration
+from lshdist.index.calibrate import Calibration, MergedGrid
 from lshdist.index.params import resolve_permutations
 from lshdist.index.searcher import MODES, RECALIBRATE_QUERIES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
@@ -448,7 +448,7 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
                  fixed: dict[str, Any], stall: float, *, data: str | None,
                  shards: tuple[int, int] | None, queries: str | None, seed: int,
                  held: list[Any], n_parts: int, n_rows: int
-                 ) -> tuple[list[Any], int, list[float]] | None:
+                 ) -> MergedGrid | None:
     """The calibration grid of the merged answer of several segments, measured over all of
     them; None for a single searched part (its own recall@k is the answer's).
 
@@ -508,7 +508,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
         points = pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs)
         if (fixed.get("window") or max(ws) >= MAX_WINDOW
                 or any(p.recall >= need for p in points)):
-            return points, int(counts.sum()), [float(w) for w in weights]
+            # the first segment is the one calibrated (timed): its scan was timed above
+            scan = next((p[3] for p in parts[0] if p[3] is not None), None)
+            return points, int(counts.sum()), [float(w) for w in weights], scan
         ws = [*ws, 2 * max(ws)]
 
 

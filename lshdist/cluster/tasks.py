@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from lshdist.store.index import contiguous_span, read_segment, write_segment
 from lshdist.store.results import write_part
 
 if TYPE_CHECKING:
-    from lshdist.index.calibrate import Point
+    from lshdist.index.calibrate import MergedGrid
     from lshdist.protocols import Metric
 
 #: one query chunk encoded: (codes, re-rank payload, query ids)
@@ -58,7 +59,7 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
                       queries_path: str | None = None,
-                      merged: tuple[list[Point], int, list[float]] | None = None
+                      merged: MergedGrid | None = None
                       ) -> dict[str, Any]:
     """Calibrate a fitted segment on a sample of the dataset ``queries_path``
     (`calibrate_on_queries`), or of its own rows (leave-one-out); ``merged``: the grid
@@ -80,7 +81,7 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
                          fixed: dict[str, int | None], seed: int,
-                         merged: tuple[list[Point], int, list[float]] | None = None
+                         merged: MergedGrid | None = None
                          ) -> dict[str, Any]:
     """Calibrate a segment (its largest part, if packed) on a sample of the dataset
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
@@ -118,22 +119,33 @@ def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
 
 def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
                        family: HashFamily, k: int
-                       ) -> list[tuple[np.ndarray, np.ndarray, int]]:
+                       ) -> list[tuple[np.ndarray, np.ndarray, int, float | None]]:
     """The exact ``k + 1`` nearest rows (distances, ids; ids -1 past a small part's end) of
-    the calibration sample (`calibration_sample`) within each searched part of a segment, and
-    the part's list count: the input of `lshdist.index.calibrate.merged_relevance`."""
+    the calibration sample (`calibration_sample`) within each searched part of a segment, the
+    part's list count, and for the part calibration times (`calibrated_part`; None for the
+    others) the scan's seconds per query — the scan `calibrate` would otherwise run again:
+    the input of `lshdist.index.calibrate.merged_relevance`."""
+    from lshdist.index.calibrate import _best_of
     from lshdist.index.scan import scan_topk
 
     rows, _ = sample
     _, qpayload = encode(_metric(family), family, rows, query=True)
-    out = []
-    for part in parts_of(segment):
+    out: list[tuple[np.ndarray, np.ndarray, int, float | None]] = []
+    timed = calibrated_part(segment)
+    for i, part in enumerate(parts_of(segment)):
         m = min(k + 1, len(part))
+        t0 = time.perf_counter()
         D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_)
+        spq = None
+        if i == timed:
+            def again(p: PermutationIndex = part, mm: int = m) -> None:
+                scan_topk(p.payload_, qpayload, mm)
+
+            spq = _best_of(time.perf_counter() - t0, again, time.perf_counter) / max(len(D), 1)
         pad = k + 1 - m
         out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
                     np.pad(I, ((0, 0), (0, pad)), constant_values=-1),
-                    int(part.n_permutations_)))
+                    int(part.n_permutations_), spq))
     return out
 
 

@@ -58,6 +58,13 @@ MAX_WINDOW = 256
 HAMMING_FACTORS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # H = factor * k; 0 (all) too
 
 
+#: a grid measured over every segment of a merged answer (`lshdist.cluster.pipeline`): its
+#: points (`pooled_points`), the true neighbours counted, where they rank within their segment
+#: (`merged_relevance`), and the exact scan's seconds per query on the calibrated segment as its
+#: neighbour task measured it (None: time it again)
+MergedGrid = tuple[Sequence["Point"], int, Sequence[float], float | None]
+
+
 @dataclass(frozen=True)
 class Point:
     """One operating point: parameters and what calibration measured there."""
@@ -366,7 +373,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
               *, k: int, target: float, permutations: Sequence[int] | None = None,
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
               hash_overhead: float = 0.0,
-              merged: tuple[Sequence[Point], int, Sequence[float]] | None = None,
+              merged: MergedGrid | None = None,
               timer: Callable[[], float] = time.perf_counter, n_threads: int = 1
               ) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
@@ -392,15 +399,18 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     scan_topk(index.payload_, qpayload.take(slice(0, 1)), 1)
     nw = min(Q, TIMED_QUERIES)
     index.search(qcodes[:nw], qpayload.take(slice(0, nw)), 1, n_permutations=1, window=1)
-    # exact truth, leave-one-out: k+1 nearest, the query's own row removed
-    t0 = timer()
-    _, truth_ids = scan_topk(index.payload_, qpayload, ks + 1, ids=np.arange(N, dtype=np.int64))
-    scan_s = _best_of(timer() - t0, lambda: scan_topk(index.payload_, qpayload, ks + 1),
-                      timer) / Q
     truth = np.full((Q, ks), -1, dtype=np.int64)
-    for q in range(Q):
-        t = truth_ids[q][truth_ids[q] != qrows[q]][:ks]
-        truth[q, : len(t)] = t
+    if merged is not None and merged[3] is not None:
+        scan_s = float(merged[3])  # the grid is given and the scan was timed with it
+    else:  # exact truth, leave-one-out: k+1 nearest, the query's own row removed
+        t0 = timer()
+        _, truth_ids = scan_topk(index.payload_, qpayload, ks + 1,
+                                 ids=np.arange(N, dtype=np.int64))
+        scan_s = _best_of(timer() - t0, lambda: scan_topk(index.payload_, qpayload, ks + 1),
+                          timer) / Q
+        for q in range(Q):
+            t = truth_ids[q][truth_ids[q] != qrows[q]][:ks]
+            truth[q, : len(t)] = t
     ms, ws, hs = grid_axes(index.n_permutations_, k, permutations, windows, hamming_keeps)
     if max(ms) > index.n_permutations_:
         raise InputError(f"calibration asks for {max(ms)} lists, the index has "

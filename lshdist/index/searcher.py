@@ -14,6 +14,7 @@ from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import (
     SAMPLE_QUERIES,
     Calibration,
+    MergedGrid,
     Point,
     calibrate,
     query_sample_size,
@@ -102,7 +103,7 @@ def calibrated_lists(n: int, *, n_permutations: int | None, epsilon: float | Non
 def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily, X: RowsLike,
                     *, k: int, target: float, seed: int, fixed: dict[str, int | None],
                     queries: RowsLike | None = None,
-                    merged: tuple[list[Point], int, list[float]] | None = None,
+                    merged: MergedGrid | None = None,
                     n_threads: int = 1) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
     (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
