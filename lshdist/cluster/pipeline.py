@@ -386,9 +386,15 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
                                 learned=not cfg.baseline)
     path = str(plan.data.path)
     lists = plan.lists
+    # spread over the workers as a query loads them (`spread`): segments kept in memory for a
+    # query (``hold``) are searched where they were fitted
+    bounds = plan.data.shard_bounds
+    where = spread([int(bounds[b] - bounds[a]) for a, b in plan.segments],
+                   sorted(client.scheduler_info().get("workers", {})))
     fits = [client.submit(tasks.fit_segment, path, shards, family_f, lists,
-                          None if lists else cfg.epsilon, cfg.seed, pure=False, retries=2)
-            for shards in plan.segments]
+                          None if lists else cfg.epsilon, cfg.seed, pure=False, retries=2,
+                          workers=None if w is None else [w], allow_other_workers=True)
+            for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f]
     try:
