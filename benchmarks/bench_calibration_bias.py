@@ -12,6 +12,10 @@ Per-query grid counts (`grid_counts` for one query at a time) are computed once,
 evaluated on any subset of queries without searching again.
 
     cd /work/main && .venv/bin/python benchmarks/bench_calibration_bias.py
+    # the README's table: the saved 240k model, 100,000-row segments, 4,000 brute-force truths
+    cd /work/main && BENCH_DRAWS=1000 BENCH_MODEL=out/scale/n240000/model \
+        BENCH_SEGMENT_ROWS=100000 BENCH_QUERIES=out/scale/n240000/queries-24000 \
+        BENCH_TRUTH=4000 .venv/bin/python benchmarks/bench_calibration_bias.py
 """
 
 import common  # noqa: F401,I001  (first: pins threads before numpy loads)
@@ -165,7 +169,7 @@ def main():
     best = choose_point(true_pts, TARGET, width)
     res["oracle"] = {"point": [best.permutations, best.window, best.hamming_keep],
                      "cost": best.cost(width), "recall": best.recall}
-    out = ROOT / "results" / f"calibration_bias_{PARTS}parts.json"
+    out = ROOT / "results" / f"calibration_bias_{'model' if MODEL else 'l2'}_{len(parts)}seg.json"
     out.write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
 
