@@ -404,6 +404,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
         else:
             fixed = {"permutations": lists if (cfg.permutations or cfg.epsilon) else None,
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
+            t_cal = time.perf_counter()
             pooled = _merged_grid(client, fits, family_f, cfg.k, cfg.target_recall, fixed,
                                   stall, data=path, shards=plan.segments[0],
                                   queries=cfg.calibration_queries, seed=cfg.seed, held=held,
@@ -414,7 +415,9 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
             held.append(cal_f)
             for _ in _progress([cal_f], "calibrate", stall):
                 pass
-            cal = Calibration.from_json(cal_f.result())
+            # the whole calibration's wall time (the segments' scans and grids too)
+            cal = replace(Calibration.from_json(cal_f.result()),
+                          seconds=time.perf_counter() - t_cal)
             ref = cal.reference
             keep = ref.permutations if ref else min(p.permutations for p in cal.points)
             window = ref.window if ref else (cfg.window or 8)
@@ -682,6 +685,7 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     """The plan with the operating point of a calibration on a sample of its queries (against
     the first segment, as a build calibrates, for the merged answer of all ``segs``;
     per-segment parameters from it)."""
+    t0 = time.perf_counter()
     old = Calibration.from_json(plan.manifest["calibration"])
     target = plan.cfg.target_recall if plan.cfg.target_recall is not None else old.target
     fixed = old.extra.get("fixed") or {}
@@ -700,7 +704,9 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
                       pure=False, retries=2)
     for _ in _progress([f], "calibrate", stall):
         pass
-    cal = Calibration.from_json(f.result())
+    # the whole calibration's wall time (the segments' scans and grids too), not only the
+    # timing task's
+    cal = replace(Calibration.from_json(f.result()), seconds=time.perf_counter() - t0)
     log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
              plan.queries.n, cal.seconds, cal.mode, cal.reason)
     if cal.chosen is None:
