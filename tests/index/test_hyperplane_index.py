@@ -152,7 +152,7 @@ def test_centred_keys_leave_the_margins_unchanged(family):
         exp = ref[q, [row[int(i)] for i in got[q]]]
         np.testing.assert_allclose(dist[q], exp, rtol=1e-5, atol=1e-6)
     # the scan through the centred index equals the exhaustive margins of the raw rows
-    dist_s, got_s = idx.query(W, 5, offsets=b, mode="scan")
+    dist_s, _ = idx.query(W, 5, offsets=b, mode="scan")
     np.testing.assert_allclose(dist_s, np.sort(ref, axis=1)[:, :5], rtol=1e-5, atol=1e-6)
 
 
