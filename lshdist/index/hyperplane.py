@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 from lshdist._kernels.hyperplane import rerank_margin_dense, rerank_margin_sparse
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError, NotFittedError
-from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
+from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.payload import csr_take
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
@@ -27,6 +27,9 @@ from lshdist.validation import check_k
 
 if TYPE_CHECKING:
     from lshdist.protocols import RerankPayload
+
+#: sparse H-Hash keeps the Gaussians of the pool's features up to this many (128 MB float64)
+CACHED_GAUSSIANS = 2**24
 
 
 def _inverse_norms(W: Block, d: int | None) -> np.ndarray:
@@ -288,6 +291,11 @@ class HyperplaneIndex:
         self.center_: np.ndarray | None = None
         if self.center and not isinstance(B, SparseBlock) and len(B):
             self.center_ = np.asarray(B, np.float64).mean(axis=0)
+        if (isinstance(B, SparseBlock) and isinstance(self.family_, HHash)
+                and len(B.features) * self.bits <= CACHED_GAUSSIANS):
+            # a query normal spans thousands of the pool's features: their Gaussians are
+            # generated once here, not at every query (29 of 31 ms a query on 20 Newsgroups)
+            self.family_.cache_features(B.features)
         codes, payload = encode_points(self.family_, B, self.center_)
         self.index_ = PermutationIndex(
             n_permutations=self.n_permutations, epsilon=self.epsilon, window=self.window,
