@@ -1,20 +1,24 @@
 """Pool-based active learning with hashed hyperplane queries (NIPS 2010, section 4), in one
-process.
+process, run as the paper runs it: one *binary* one-vs-all problem per class.
 
-Linear SVMs one-vs-all (scikit-learn's ``LinearSVC``) start from ``initial`` labelled examples
-per class; each round selects one unlabelled pool point, reveals its label (the pool's labels
-are the oracle of the experiment) and retrains.  Selection methods:
+For every class c a binary linear SVM (scikit-learn's ``LinearSVC``, c against the rest) starts
+from the same initial labelled set (``initial`` examples of every class of the pool); each round
+*that* classifier's hyperplane ``w_c^T x + b_c = 0`` is the query, the unlabelled pool point
+selected is labelled (the pool's labels are the oracle of the experiment) and the binary SVM
+retrained.  Selection methods:
 
 - ``h-hash`` / ``eh-hash``: the pool is indexed once (`HyperplaneIndex`, bias as a constant
-  feature); each round every class's hyperplane ``w_c^T x + b_c = 0`` is a query; among the
-  candidates not yet labelled, the one with the smallest margin ``|w_c^T x + b_c| / ||w_c||``
-  over all classes is selected (a random unlabelled point when no candidate is left);
-- ``exhaustive``: the smallest margin over the whole unlabelled pool;
+  feature, keys of the rows centred on the pool mean unless ``no_center``); the candidates of
+  the class's hyperplane are re-ranked by the exact margin and the unlabelled one with the
+  smallest is selected (a random unlabelled point when every candidate is labelled);
+- ``exhaustive``: the smallest margin over the whole unlabelled pool (one N x d product);
 - ``random``: a random unlabelled point.
 
-Per round and method: test accuracy and AUROC (macro, one-vs-rest), selection seconds, the
-selected point's margin (to the nearest class hyperplane, computed exactly whatever the
-method), and the fraction scanned: margins computed / (pool rows x hyperplanes).
+Per round, class and method: the binary AUROC on the test rows (class c against the rest, on
+the SVM's decision values), selection seconds, the selected point's margin
+``|w_c^T x + b_c| / ||w_c||`` (computed exactly from the pool rows whatever the method) and the
+fraction of the pool whose margin was computed.  Per round and method: the multi-class
+accuracy of the argmax of the per-class decision values on the test rows of the classes run.
 """
 
 from __future__ import annotations
@@ -36,43 +40,26 @@ log = logging.getLogger(__name__)
 METHODS = ("h-hash", "eh-hash", "exhaustive", "random")
 
 
-def _svc(C: float, seed: int) -> Any:
+def _svc(C: float, class_weight: str, seed: int) -> Any:
     try:
         from sklearn.svm import LinearSVC
     except ImportError:  # pragma: no cover - depends on the installation
         raise InputError("lshdist active needs scikit-learn (pip install 'lshdist[test]')"
                          ) from None
-    return LinearSVC(C=C, random_state=seed, dual="auto", max_iter=5000)
+    return LinearSVC(C=C, class_weight=None if class_weight == "none" else class_weight,
+                     random_state=seed, dual="auto", max_iter=5000)
 
 
-def _hyperplanes(clf: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(W (c, d), b (c,)): one-vs-all normals (zero ones dropped); a binary problem has one."""
-    W = np.asarray(clf.coef_, np.float64)
-    b = np.asarray(clf.intercept_, np.float64)
-    keep = np.linalg.norm(W, axis=1) > 0
-    return W[keep], b[keep]
+def _rows(X: Block) -> Any:
+    """What scikit-learn takes: the CSR matrix of sparse rows, dense rows as they are."""
+    return X.matrix if isinstance(X, SparseBlock) else X
 
 
-def _margins(X: Block, W: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|W x + b| / ||w||: float64 (n, c)."""
-    P = X.matrix @ W.T if isinstance(X, SparseBlock) else X @ W.T.astype(X.dtype)
-    out: np.ndarray = np.abs(np.asarray(P) + b[None, :]) / np.linalg.norm(W, axis=1)[None, :]
+def _margin(X: Block, w: np.ndarray, b: float) -> np.ndarray:
+    """``|w^T x + b| / ||w||`` of every row, float64 (n,)."""
+    p = X.matrix @ w if isinstance(X, SparseBlock) else X @ w.astype(X.dtype)
+    out: np.ndarray = np.abs(np.asarray(p, np.float64).ravel() + b) / np.linalg.norm(w)
     return out
-
-
-def _scores(clf: Any, X: Block, y: np.ndarray, n_classes: int) -> tuple[float, float]:
-    """(accuracy, macro one-vs-rest AUROC) on the test rows."""
-    from sklearn.metrics import roc_auc_score
-
-    Xs = X.matrix if isinstance(X, SparseBlock) else X
-    acc = float(np.mean(clf.predict(Xs) == y))
-    D = clf.decision_function(Xs)
-    if n_classes == 2:
-        return acc, float(roc_auc_score(y, D))
-    # macro one-vs-rest over the classes present in the test rows, on the SVM scores
-    aucs = [roc_auc_score(y == c, D[:, i]) for i, c in enumerate(clf.classes_)
-            if 0 < (y == c).sum() < len(y)]
-    return acc, float(np.mean(aucs))
 
 
 def _on_features(X: Block, features: np.ndarray | None) -> Block:
@@ -82,27 +69,47 @@ def _on_features(X: Block, features: np.ndarray | None) -> Block:
     return SparseBlock(X.over(features), features)
 
 
+def _query_rows(pool: Block, w: np.ndarray) -> Block:
+    """A normal over the pool's columns as a query row (sparse pools: over feature ids)."""
+    W = w[None, :]
+    if not isinstance(pool, SparseBlock):
+        return W
+    nz = np.flatnonzero(w)
+    return SparseBlock.from_arrays(np.array([0, len(nz)]), pool.features[nz], w[nz])
+
+
 def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray, *,
                settings: ActiveConfig,
                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every method of ``settings.methods`` ``settings.runs`` times; returns the
-    per-round records ``{method: {metric: float (runs, rounds + 1)}}`` (round 0 = before any
-    selection) and the per-method index build seconds."""
+    """Run every method of ``settings.methods`` ``settings.runs`` times.
+
+    Returns
+    -------
+    dict with ``records``: ``{method: {"auroc", "seconds", "margin", "scanned": float
+    (runs, classes, rounds + 1); "accuracy": float (runs, rounds + 1)}}`` (round 0 = before any
+    selection; selection figures at round r are those of the point labelled before it),
+    ``build_seconds`` per hashing method, ``n_pool``, ``classes`` (the class codes run).
+    """
     s = settings
     methods = s.method_list
-    classes = np.unique(y_pool)
-    if len(classes) < 2:
+    all_classes = np.unique(y_pool)
+    if len(all_classes) < 2:
         raise InputError("the pool's labels have one class; active learning needs >= 2")
-    counts = np.array([(y_pool == c).sum() for c in classes])
+    if s.classes is not None and s.classes > len(all_classes):
+        raise InputError(f"classes={s.classes}: the pool has only {len(all_classes)} classes")
+    classes = all_classes[:s.classes] if s.classes is not None else all_classes
+    counts = np.array([(y_pool == c).sum() for c in all_classes])
     if counts.min() < s.initial + 1:
-        raise InputError(f"class {classes[counts.argmin()]} has {counts.min()} pool rows; "
+        raise InputError(f"class {all_classes[counts.argmin()]} has {counts.min()} pool rows; "
                          f"{s.initial} initial examples per class need at least one more")
     N = n_rows(pool)
-    if s.rounds > N - s.initial * len(classes):
+    if s.rounds > N - s.initial * len(all_classes):
         raise InputError(f"rounds={s.rounds}: the pool has only "
-                         f"{N - s.initial * len(classes)} unlabelled rows")
+                         f"{N - s.initial * len(all_classes)} unlabelled rows")
     features = pool.features if isinstance(pool, SparseBlock) else None
-    test = _on_features(test, features)
+    # float64 once: a float32 matrix times float64 coefficients is upcast at every call
+    test_rows = _rows(_on_features(test, features)).astype(np.float64)
+    pool_rows = _rows(pool)
     indexes: dict[str, HyperplaneIndex] = {}
     build_s: dict[str, float] = {}
     for m in methods:
@@ -110,94 +117,139 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
             t0 = time.perf_counter()
             indexes[m] = HyperplaneIndex(
                 family=m, bits=s.bits, n_permutations=s.permutations, window=s.window,
-                samples=s.eh_samples if m == "eh-hash" else None, bias=True, seed=s.seed,
+                samples=s.eh_samples if m == "eh-hash" else None, bias=True,
+                center=not s.no_center, seed=s.seed,
             ).fit(pool)
             build_s[m] = time.perf_counter() - t0
             log.info("%s index of %d pool rows: %.1fs", m, N, build_s[m])
-    keys = ("auroc", "accuracy", "seconds", "margin", "scanned")
-    out = {m: {k: np.full((s.runs, s.rounds + 1), np.nan) for k in keys} for m in methods}
-    pool_rows = pool.matrix if isinstance(pool, SparseBlock) else pool
+            # compile / load the query kernels before any selection is timed
+            indexes[m].query(_query_rows(pool, np.ones(_width(pool))), 1,
+                             offsets=np.zeros(1))
+    C, R = len(classes), s.rounds
+    out: dict[str, dict[str, np.ndarray]] = {m: {
+        **{k: np.full((s.runs, C, R + 1), np.nan)
+           for k in ("auroc", "seconds", "margin", "scanned")},
+        "accuracy": np.full((s.runs, R + 1), np.nan)} for m in methods}
+    in_run = np.isin(y_test, classes)  # multi-class accuracy: test rows of the classes run
     for run in range(s.runs):
         rng0 = np.random.default_rng([s.seed, run])
         start = np.concatenate([rng0.choice(np.flatnonzero(y_pool == c), s.initial,
-                                            replace=False) for c in classes])
+                                            replace=False) for c in all_classes])
         for m in methods:
             rng = np.random.default_rng([s.seed, run, METHODS.index(m)])
-            labelled = np.zeros(N, bool)
-            labelled[start] = True
+            labelled = np.zeros((C, N), bool)
+            labelled[:, start] = True
             rec = out[m]
-            for r in range(s.rounds + 1):
-                rows = np.flatnonzero(labelled)
-                clf = _svc(s.C, s.seed).fit(pool_rows[rows], y_pool[rows])
-                rec["accuracy"][run, r], rec["auroc"][run, r] = _scores(
-                    clf, test, y_test, len(classes))
-                if r == s.rounds:
-                    break
-                W, b = _hyperplanes(clf)
-                t0 = time.perf_counter()
-                pick, scanned = _select(m, pool, labelled, W, b, indexes.get(m), rng)
-                rec["seconds"][run, r + 1] = time.perf_counter() - t0
-                # the true margin of the selected point (not the one a method reports)
-                rec["margin"][run, r + 1] = _margins(take_rows(pool, [pick]), W, b).min()
-                rec["scanned"][run, r + 1] = scanned / (N * len(W))
-                labelled[pick] = True
+            for r in range(R + 1):
+                evaluate = r % s.eval_every == 0 or r == R
+                D = np.empty((C, int(in_run.sum())))
+                for ci, c in enumerate(classes):
+                    rows = np.flatnonzero(labelled[ci])
+                    clf = _svc(s.C, s.class_weight, s.seed).fit(pool_rows[rows],
+                                                                y_pool[rows] == c)
+                    w = np.asarray(clf.coef_, np.float64).ravel()
+                    b = float(np.asarray(clf.intercept_).ravel()[0])
+                    if evaluate:
+                        dec = np.asarray(test_rows @ w, np.float64).ravel() + b
+                        rec["auroc"][run, ci, r] = _auroc(y_test == c, dec)
+                        D[ci] = dec[in_run]
+                    if r == R:
+                        continue
+                    t0 = time.perf_counter()
+                    pick, scanned = _select(m, pool, labelled[ci], w, b, indexes.get(m), rng)
+                    rec["seconds"][run, ci, r + 1] = time.perf_counter() - t0
+                    # the true margin of the selected point (not the one a method reports)
+                    rec["margin"][run, ci, r + 1] = _margin(take_rows(pool, [pick]), w, b)[0]
+                    rec["scanned"][run, ci, r + 1] = scanned / N
+                    labelled[ci, pick] = True
+                if evaluate:
+                    rec["accuracy"][run, r] = np.mean(classes[D.argmax(0)] == y_test[in_run])
+                if progress and r % 50 == 0:
+                    progress(f"run {run + 1}/{s.runs} {m} round {r}/{R}: mean AUROC "
+                             f"{np.mean(rec['auroc'][run, :, r]):.4f}")
             if progress:
-                progress(f"run {run + 1}/{s.runs} {m}: AUROC {rec['auroc'][run, 0]:.4f} -> "
-                         f"{rec['auroc'][run, -1]:.4f}, selection "
+                progress(f"run {run + 1}/{s.runs} {m}: mean AUROC "
+                         f"{np.mean(rec['auroc'][run, :, 0]):.4f} -> "
+                         f"{np.mean(rec['auroc'][run, :, -1]):.4f}, selection "
                          f"{1e3 * np.nanmean(rec['seconds'][run]):.2f} ms/round")
     return {"records": out, "build_seconds": build_s, "n_pool": N,
-            "n_classes": len(classes)}
+            "classes": [int(c) for c in classes]}
 
 
-def _select(method: str, pool: Block, labelled: np.ndarray, W: np.ndarray, b: np.ndarray,
+def _width(X: Block) -> int:
+    return len(X.features) if isinstance(X, SparseBlock) else int(X.shape[1])
+
+
+def _auroc(positive: np.ndarray, score: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    if positive.all() or not positive.any():
+        return float("nan")
+    return float(roc_auc_score(positive, score))
+
+
+def _select(method: str, pool: Block, labelled: np.ndarray, w: np.ndarray, b: float,
             index: HyperplaneIndex | None, rng: np.random.Generator) -> tuple[int, int]:
-    """(pool row selected, margins computed to select it)."""
-    free = np.flatnonzero(~labelled)
+    """(pool row selected, margins computed to select it) for the hyperplane ``(w, b)``."""
     if method == "random":
-        return int(rng.choice(free)), 0
+        return int(rng.choice(np.flatnonzero(~labelled))), 0
     if method == "exhaustive":  # one product over the whole pool, labelled rows masked
-        M = _margins(pool, W, b).min(axis=1)
+        M = _margin(pool, w, b)
         M[labelled] = np.inf
-        return int(np.argmin(M)), len(free) * len(W)
+        return int(np.argmin(M)), len(M)
     if index is None:
         raise InputError(f"no index was built for method {method!r}")
-    k = 8
-    Wq: Block = W
-    if isinstance(pool, SparseBlock):  # normals over the pool's local columns -> feature ids
-        nz = np.nonzero(W)
-        counts = np.bincount(nz[0], minlength=len(W))
-        Wq = SparseBlock.from_arrays(np.concatenate([[0], np.cumsum(counts)]),
-                                     pool.features[nz[1]], W[nz])
-    dist, ids = index.query(Wq, k, offsets=b)
-    ok = (ids >= 0) & ~labelled[np.maximum(ids, 0)]
+    # the top (labelled + 1) candidates hold an unlabelled one whenever the candidates do
+    k = min(int(labelled.sum()) + 1, len(labelled))
+    _, ids = index.query(_query_rows(pool, w), k, offsets=np.array([b]))
     scanned = int(index.stats_["reranked"].sum())
+    ids = ids[0]
+    ok = (ids >= 0) & ~labelled[np.maximum(ids, 0)]
     if not ok.any():  # every candidate labelled already: fall back to a random point
-        return int(rng.choice(free)), scanned
-    dd = np.where(ok, dist, np.inf)
-    qi, ci = np.unravel_index(int(np.argmin(dd)), dd.shape)
-    return int(ids[qi, ci]), scanned
+        return int(rng.choice(np.flatnonzero(~labelled))), scanned
+    return int(ids[np.argmax(ok)]), scanned  # ascending margins: the first unlabelled one
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Mean and std over runs of every curve (AUROC and accuracy improvement over round 0),
-    and per-method averages of selection time, selected margin and fraction scanned."""
-    out: dict[str, Any] = {"n_pool": result["n_pool"], "n_classes": result["n_classes"],
+    """Learning curves: the improvement in binary AUROC over round 0, averaged over the classes
+    of a run, then mean and std over runs; the same for multi-class accuracy.  Per method:
+    mean selection time per round, selected margin and fraction scanned, and the ratios to
+    exhaustive selection (final AUROC improvement, selection time) when it ran."""
+    out: dict[str, Any] = {"n_pool": result["n_pool"], "classes": result["classes"],
                            "methods": {}}
     for m, rec in result["records"].items():
-        imp = rec["auroc"] - rec["auroc"][:, :1]
-        acc = rec["accuracy"] - rec["accuracy"][:, :1]
+        done = ~np.isnan(rec["accuracy"][0])  # the rounds evaluated
+        auroc = rec["auroc"][:, :, done]
+        imp = np.nanmean(auroc - auroc[:, :, :1], axis=1)  # (runs, rounds evaluated)
+        acc = rec["accuracy"][:, done] - rec["accuracy"][:, :1]
         out["methods"][m] = {
+            "rounds_evaluated": np.flatnonzero(done).tolist(),
             "auroc_improvement_mean": imp.mean(0).tolist(),
             "auroc_improvement_std": imp.std(0).tolist(),
             "accuracy_improvement_mean": acc.mean(0).tolist(),
             "accuracy_improvement_std": acc.std(0).tolist(),
             "final_auroc_improvement": float(imp[:, -1].mean()),
+            "final_auroc_improvement_std": float(imp[:, -1].std()),
+            "final_auroc_improvement_per_class": np.nanmean(
+                auroc[:, :, -1] - auroc[:, :, 0], axis=0).tolist(),
+            "initial_auroc": float(np.nanmean(rec["auroc"][:, :, 0])),
+            "final_auroc": float(np.nanmean(rec["auroc"][:, :, -1])),
+            "initial_accuracy": float(rec["accuracy"][:, 0].mean()),
             "final_accuracy": float(rec["accuracy"][:, -1].mean()),
             "selection_seconds_per_round": float(np.nanmean(rec["seconds"])),
             "selected_margin_mean": float(np.nanmean(rec["margin"])),
             "fraction_scanned": float(np.nanmean(rec["scanned"])),
             "index_build_seconds": result["build_seconds"].get(m),
         }
+    ex = out["methods"].get("exhaustive")
+    for v in out["methods"].values():
+        if ex is not None:
+            v["auroc_improvement_vs_exhaustive"] = (
+                v["final_auroc_improvement"] / ex["final_auroc_improvement"]
+                if ex["final_auroc_improvement"] else None)
+            v["selection_speedup_vs_exhaustive"] = (
+                ex["selection_seconds_per_round"] / v["selection_seconds_per_round"]
+                if v["selection_seconds_per_round"] > 0 else None)
     return out
 
 
@@ -212,12 +264,13 @@ def plot(summary: dict[str, Any], out_dir: Any) -> list[str]:
         for ax, key in zip(axes, ("auroc", "accuracy")):
             mean = np.array(v[f"{key}_improvement_mean"])
             std = np.array(v[f"{key}_improvement_std"])
-            x = np.arange(len(mean))
+            x = np.array(v["rounds_evaluated"])
             ax.plot(x, mean, label=m)
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
     for ax, key in zip(axes, ("AUROC", "accuracy")):
         ax.set_xlabel("selection rounds")
-        ax.set_ylabel(f"improvement in {key}")
+        ax.set_ylabel(f"improvement in {'mean one-vs-all' if key == 'AUROC' else 'multi-class'} "
+                      f"{key}")
         ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "learning_curves.png", dpi=100)

@@ -505,6 +505,16 @@ class ActiveConfig(Section):
                                  "eh-hash: t samples of the query embedding (default exact)",
                                  metavar="t")
     C: float = opt(1.0, _float(), "the linear SVMs' C", flag="--svm-c")
+    class_weight: str = opt("balanced", _choice("balanced", "none"),
+                            "the binary SVMs' class weights: balanced (positives weighted by "
+                            "negatives/positives) or none", metavar="W")
+    classes: int | None = opt(None, _optional(_int(2)),
+                              "run the one-vs-all problems of the first n classes only "
+                              "(default all)", metavar="n")
+    eval_every: int = opt(1, POSITIVE, "evaluate the test AUROC and accuracy every n rounds "
+                          "(and at the last); selection runs every round", metavar="n")
+    no_center: bool = opt(False, _flag(), "hash the pool rows as given (default: centred on "
+                          "the pool mean; dense pools only)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
 
     def __post_init__(self) -> None:

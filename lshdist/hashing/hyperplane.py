@@ -175,10 +175,31 @@ class HHash(HyperplaneFamily):
             raise InputError(f"bits={self.bits}: H-Hash uses two bits per function; give an "
                              "even number of bits")
         self._R: np.ndarray | None = None
+        self._cached: tuple[np.ndarray, np.ndarray] | None = None
+
+    def cache_features(self, features: np.ndarray) -> None:
+        """Keep the Gaussians of these feature ids (sparse rows): a query normal over a pool's
+        vocabulary then takes its coefficients from memory instead of generating them
+        (``len(features) x bits`` float64; the same values, so the same keys)."""
+        f = np.unique(np.append(np.asarray(features, np.uint64), BIAS_FEATURE))
+        self._cached = (f, gaussian_rows(np.uint64(self.seed), f, self.bits))
 
     def _linear(self, B: Block) -> np.ndarray:
         if isinstance(B, SparseBlock):
-            return sparse_projection(B, self.seed, self.bits)
+            if self._cached is None:
+                return sparse_projection(B, self.seed, self.bits)
+            f, G = self._cached
+            pos = np.minimum(np.searchsorted(f, B.features), len(f) - 1)
+            if not np.array_equal(f[pos], B.features):  # a feature the cache does not hold
+                return sparse_projection(B, self.seed, self.bits)
+            import scipy.sparse as sp
+
+            m = B.matrix.tocsr()
+            # the rows over the cache's columns: no (nnz x bits) gather of the Gaussians
+            over = sp.csr_matrix((m.data.astype(np.float64), pos[m.indices], m.indptr),
+                                 shape=(m.shape[0], len(f)))
+            out: np.ndarray = np.asarray(over @ G)
+            return out
         if self._R is None:
             self._R = gaussian_matrix(self.seed, self.dims, self.bits)  # (bits, dims)
         P: np.ndarray = np.asarray(B, np.float64) @ self._R.T

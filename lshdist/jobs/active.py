@@ -23,9 +23,10 @@ FORMAT = "lshdist-active"
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "active", help="active learning with hashed hyperplane queries (one process)",
-        description="Linear SVMs one-vs-all from a few labelled pool points; each round "
-                    "selects the unlabelled pool point nearest a hyperplane (H-Hash, EH-Hash, "
-                    "exhaustively, or at random), reveals its label and retrains.")
+        description="One binary linear SVM per class (one-vs-all) from a few labelled pool "
+                    "points; each round selects the unlabelled pool point nearest its "
+                    "hyperplane (H-Hash, EH-Hash, exhaustively, or at random), reveals its "
+                    "label and retrains.")
     p.add_argument("--pool", required=True, metavar="DATASET",
                    help="the unlabelled pool (its labels are the oracle)")
     p.add_argument("--test", required=True, metavar="DATASET", help="labelled test rows")
@@ -57,11 +58,13 @@ def run(args: argparse.Namespace) -> int:
         result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
             "methods", "rounds", "runs", "initial", "bits", "permutations", "window",
-            "eh_samples", "C", "seed")}, **summarize(result)}
+            "eh_samples", "C", "class_weight", "classes", "eval_every", "no_center", "seed")},
+            **summarize(result)}
         summary["plots"] = plot(summary, tmp)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2))
     for m, v in summary["methods"].items():
-        sys.stdout.write(f"{m:>10}: AUROC +{v['final_auroc_improvement']:.4f}, accuracy "
+        sys.stdout.write(f"{m:>10}: AUROC +{v['final_auroc_improvement']:.4f} "
+                         f"± {v['final_auroc_improvement_std']:.4f}, accuracy "
                          f"{v['final_accuracy']:.4f}, selection "
                          f"{1e3 * v['selection_seconds_per_round']:.2f} ms/round, margin "
                          f"{v['selected_margin_mean']:.4f}, scanned "

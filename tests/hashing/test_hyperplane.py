@@ -198,3 +198,24 @@ def test_errors():
     with pytest.raises(InputError, match="eh-hash only"):
         hyperplane_family("h-hash", d=3, bits=8, samples=5)
     assert samples_for(0.01) == 10_000
+
+
+def test_hhash_feature_cache_gives_the_same_keys():
+    """`HHash.cache_features`: sparse rows projected through the cached Gaussians equal the
+    generated ones (keys bit for bit, bias feature included), and a row with a feature the cache
+    lacks falls back to generating.  Bugs caught: cache rows misaligned with the feature ids
+    (searchsorted position off by one), the bias feature missing from the cache."""
+    import scipy.sparse as sp
+
+    from lshdist.hashing.hyperplane import HHash
+
+    m = sp.random(40, 300, density=0.05, format="csr", random_state=1)
+    S = SparseBlock.from_csr(m)
+    plain = HHash(d=1, bits=64, seed=5, bias=True)
+    cached = HHash(d=1, bits=64, seed=5, bias=True)
+    cached.cache_features(S.features[::2])  # half the features: rows miss some
+    np.testing.assert_array_equal(cached.hash(S), plain.hash(S))
+    cached.cache_features(S.features)
+    np.testing.assert_allclose(cached.project(S), plain.project(S), rtol=1e-12, atol=1e-12)
+    b = np.arange(40, dtype=np.float64) - 20
+    np.testing.assert_array_equal(cached.hash_queries(S, b), plain.hash_queries(S, b))

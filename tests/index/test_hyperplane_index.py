@@ -122,3 +122,44 @@ def test_errors():
         idx.query(W[:, :6], 3)
     with pytest.raises(InputError, match="k=0"):
         idx.query(W, 0)
+
+
+@pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
+def test_centred_keys_leave_the_margins_unchanged(family):
+    """``center=True``: the keys are those of ``x - mu`` and of ``(w, b + w^T mu)`` (numpy
+    reference), and the margins returned are those of the uncentred rows exactly.  Bugs
+    caught: the query offset left uncentred (another hyperplane: other keys), the mean
+    subtracted from the payload (margins of w^T (x - mu) + b, off by w^T mu), the sign of
+    w^T mu flipped."""
+    X, W, ids = _data(seed=3)
+    X = X + 5.0  # all in one cone, as pixels are; the centre is far from the origin
+    b = np.random.default_rng(4).normal(size=len(W))
+    idx = HyperplaneIndex(family=family, bits=32, n_permutations=6, window=4, bias=True,
+                          center=True, seed=1).fit(X, ids)
+    mu = X.astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(idx.center_, mu)
+    fam = idx.family_
+    np.testing.assert_array_equal(np.sort(idx.index_.codes_, axis=0),
+                                  np.sort(fam.hash(X.astype(np.float64) - mu), axis=0))
+    from lshdist.index.hyperplane import encode_hyperplanes
+
+    qkeys, _ = encode_hyperplanes(fam, W, b, idx.center_)
+    np.testing.assert_array_equal(qkeys, fam.hash_queries(W, b + W @ mu))
+    dist, got = idx.query(W, 5, offsets=b)
+    ref = _margins(X, W, b).T  # (queries, rows)
+    row = {int(i): r for r, i in enumerate(ids)}
+    for q in range(len(W)):
+        exp = ref[q, [row[int(i)] for i in got[q]]]
+        np.testing.assert_allclose(dist[q], exp, rtol=1e-5, atol=1e-6)
+    # the scan through the centred index equals the exhaustive margins of the raw rows
+    dist_s, _ = idx.query(W, 5, offsets=b, mode="scan")
+    np.testing.assert_allclose(dist_s, np.sort(ref, axis=1)[:, :5], rtol=1e-5, atol=1e-6)
+
+
+def test_centre_needs_a_bias_and_is_dense_only():
+    X, _, _ = _data()
+    with pytest.raises(InputError, match="center=True needs bias=True"):
+        HyperplaneIndex(center=True).fit(X)
+    S = SparseBlock.from_csr(sp.random(50, 30, density=0.2, format="csr", random_state=0))
+    idx = HyperplaneIndex(bits=16, n_permutations=2, bias=True, center=True).fit(S)
+    assert idx.center_ is None  # centring would make sparse rows dense
