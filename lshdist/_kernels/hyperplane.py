@@ -8,7 +8,14 @@ so no d x d matrix exists for sparse data, and every worker draws the same U.
 import numpy as np
 from numba import njit
 
-from lshdist._kernels.hashing import _GOLDEN, _S11, _TWO53, add_gaussians, splitmix64
+from lshdist._kernels.hashing import (
+    _GOLDEN,
+    _S11,
+    _TWO53,
+    add_gaussians,
+    popcount64,
+    splitmix64,
+)
 from lshdist._kernels.search import _topk, scatter_query, sparse_dot
 
 
@@ -170,3 +177,83 @@ def pair_keys_grid(features):
         for j in range(f):
             out[i * f + j] = pair_key(features[i], features[j])
     return out
+
+
+_EVEN = np.uint64(0x5555555555555555)  # bits 2j + 1 of a key (H-Hash's v_j): odd word bits
+
+
+@njit(cache=True, nogil=True)
+def unflip_v(qcode, bits):
+    """An H-Hash query key with its v bits flipped back: ``[u^T w >= 0, v^T w >= 0]``, the
+    plain sign-random-projection key of w (pad bits of a partial last word stay 0)."""
+    out = qcode.copy()
+    for j in range(qcode.shape[0]):
+        n = min(64, bits - 64 * j)
+        valid = ~np.uint64(0) if n == 64 else ((np.uint64(1) << np.uint64(n)) - np.uint64(1)
+                                              ) << np.uint64(64 - n)
+        out[j] = qcode[j] ^ (_EVEN & valid)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def angle_scores(codes, qcode, paired, bits, out):
+    """Per row, how far its key puts it from the query hyperplane (smaller: nearer), int32.
+
+    ``paired`` (H-Hash): ``|D_u - D_v|``, D_u / D_v the disagreements on the u / v bits.  The
+    u bits disagree with probability theta/pi, the v bits (sign-flipped on the query side) with
+    1 - theta/pi, theta the angle between row and normal, so ``E[D_u - D_v] = F (2 theta/pi - 1)``
+    over F functions: linear in the row's distance from perpendicular (the Hamming distance
+    ``D_u + D_v`` has mean F whatever theta).  With the v bits of the query flipped back
+    (`unflip_v`), ``D_u - D_v = hamming(x, q') - F``: one popcount a word.  Otherwise
+    (EH-Hash, one bit per function, agreement ``arccos(cos^2 theta)/pi``, largest at
+    theta = pi/2): the Hamming distance."""
+    n, w = codes.shape
+    q = unflip_v(qcode, bits) if paired else qcode
+    half = np.int64(bits // 2)
+    for i in range(n):
+        h = np.int64(0)
+        for j in range(w):
+            h += np.int64(popcount64(codes[i, j] ^ q[j]))
+        out[i] = abs(h - half) if paired else h
+
+
+@njit(cache=True, nogil=True)
+def smallest_rows(scores, keep, max_score, out):
+    """The ``keep`` rows of smallest score (ties by row) into ``out[:keep]`` in row order: one
+    counting pass over int32 ``scores`` bounded by ``max_score``, O(n)."""
+    hist = np.zeros(max_score + 2, np.int64)
+    for s in scores:
+        hist[s] += 1
+    below = np.int64(0)
+    cut = 0
+    while cut <= max_score and below + hist[cut] < keep:
+        below += hist[cut]
+        cut += 1
+    ties = keep - below  # rows with score == cut still taken, the first ones
+    m = 0
+    for i in range(scores.shape[0]):
+        s = scores[i]
+        if s < cut or (s == cut and ties > 0):
+            if s == cut:
+                ties -= 1
+            out[m] = i
+            m += 1
+            if m == keep:
+                break
+    return m
+
+
+@njit(cache=True, nogil=True)
+def rank_candidates(codes, qcodes, paired, keep, bits):
+    """For each query key the ``keep`` rows its `angle_scores` put nearest: CSR
+    ``(offsets (Q+1,), rows)`` int64, rows ascending per query."""
+    n = codes.shape[0]
+    Q = qcodes.shape[0]
+    keep = min(keep, n)
+    offsets = np.arange(Q + 1).astype(np.int64) * keep
+    rows = np.empty(Q * keep, np.int64)
+    scores = np.empty(n, np.int32)
+    for q in range(Q):
+        angle_scores(codes, qcodes[q], paired, bits, scores)
+        smallest_rows(scores, keep, bits, rows[q * keep:(q + 1) * keep])
+    return offsets, rows

@@ -6,6 +6,21 @@ Database points are hashed with the point side of H-Hash or EH-Hash
 re-ranked by the margin ``|w^T x| / ||w||`` (`MarginDensePayload`, `MarginSparsePayload`).
 `HyperplaneIndex` is the one-process API; the distributed job is
 `lshdist.cluster.hyperplane`.
+
+Two ways to find candidates from the same keys (``mode``):
+
+- ``"hash"``: the permutation lists (Charikar's search for keys that share long prefixes with
+  the query's), as the paper runs it;
+- ``"rank"``: every key's *angle score* (`angle_scores`: for H-Hash ``|D_u - D_v|``, the
+  difference of the disagreements on the u and the v bits; for EH-Hash the Hamming distance),
+  the ``candidates`` rows of smallest score re-ranked exactly.  One pass over the keys
+  (b / 8 bytes a row), no list.  Why: a pool row at angle theta = pi/2 - delta from a normal
+  collides with the query under either family with a probability only quadratic in delta
+  (H-Hash ``1/4 - delta^2/pi^2`` per function, EH-Hash ``arccos(sin^2 delta)/pi``), and in
+  high dimensions nearly every row is within a few tenths of a radian of perpendicular
+  (Fashion-MNIST, an SVM's normal: median |cos theta| 0.08-0.13), so prefix agreement hardly
+  tells rows apart; H-Hash's two bits per function also carry the angle itself, linearly:
+  ``E[D_u - D_v] = F (2 theta/pi - 1)`` over F functions.  Measured in the README.
 """
 
 from __future__ import annotations
@@ -15,18 +30,29 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from lshdist._kernels.hyperplane import rerank_margin_dense, rerank_margin_sparse
+from concurrent.futures import ThreadPoolExecutor
+
+from lshdist._kernels.hyperplane import (
+    rank_candidates,
+    rerank_margin_dense,
+    rerank_margin_sparse,
+)
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.payload import csr_take
-from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
-from lshdist.index.searcher import MODES, permutation_seed
+from lshdist.index.permutation import PermutationIndex, _split
+from lshdist.index.searcher import permutation_seed
 from lshdist.validation import check_k
 
 if TYPE_CHECKING:
     from lshdist.protocols import RerankPayload
+
+#: hyperplane query modes: the permutation lists, a ranking of every key, the exact scan
+MODES = ("hash", "rank", "scan")
+#: rows re-ranked per hyperplane by mode "rank" (the paper scanned N rho = 500 points)
+RANK_CANDIDATES = 500
 
 #: sparse H-Hash keeps the Gaussians of the pool's features up to this many (128 MB float64)
 CACHED_GAUSSIANS = 2**24
@@ -304,10 +330,12 @@ class HyperplaneIndex:
         return self
 
     def query(self, W: RowsLike, k: int, *, offsets: np.ndarray | None = None,
-              mode: str = "hash", n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+              mode: str = "hash", candidates: int = RANK_CANDIDATES, n_threads: int = 1
+              ) -> tuple[np.ndarray, np.ndarray]:
         """``(distances float32 (Q, k), ids int64 (Q, k))`` by margin, ascending;
-        ``mode="scan"``: exact over all points.  ``self.stats_``: candidates per query of the
-        last hashed query."""
+        ``mode="rank"``: the ``candidates`` rows of smallest angle score re-ranked (module
+        docstring); ``mode="scan"``: exact over all points.  ``self.stats_``: candidates per
+        query of the last hashed or ranked query."""
         if not hasattr(self, "index_"):
             raise NotFittedError("this HyperplaneIndex is not fitted; call fit(X) first")
         if mode not in MODES:
@@ -315,8 +343,9 @@ class HyperplaneIndex:
         k = check_k(k)
         qcodes, qpayload = encode_hyperplanes(self.family_, W, offsets, self.center_)
         dist, ids, stats = search_hyperplanes(self.index_, qcodes, qpayload, k, mode=mode,
-                                              n_threads=n_threads)
-        if mode == "hash":
+                                              n_threads=n_threads, candidates=candidates,
+                                              paired=isinstance(self.family_, HHash))
+        if mode != "scan":
             self.stats_ = stats
         return dist, ids
 
@@ -324,12 +353,19 @@ class HyperplaneIndex:
 def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload,
                        k: int, *, mode: str = "hash", n_threads: int = 1,
                        n_permutations: int | None = None, window: int | None = None,
-                       hamming_keep: int | None = None
+                       hamming_keep: int | None = None, candidates: int = RANK_CANDIDATES,
+                       paired: bool = True
                        ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Top-k margins of encoded hyperplanes against one fitted segment, hashed or by exact
-    scan: ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the exact
-    margins computed per query.  ``n_permutations``/``window``/``hamming_keep`` override the
-    segment's own for this call."""
+    """Top-k margins of encoded hyperplanes against one fitted segment, hashed, ranked or by
+    exact scan: ``(dist (Q, k), ids (Q, k), stats)``; ``stats["reranked"]`` (Q,) counts the
+    exact margins computed per query.  ``n_permutations``/``window``/``hamming_keep`` override
+    the segment's own for this call; ``candidates`` and ``paired`` (H-Hash keys) are those of
+    mode ``"rank"``."""
+    if mode not in MODES:
+        raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+    if mode == "rank":
+        return rank_search(index, qcodes, qpayload, k, candidates=candidates, paired=paired,
+                           n_threads=n_threads)
     if mode == "scan":
         dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
@@ -337,3 +373,38 @@ def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: Re
         qcodes, qpayload, k, n_threads=n_threads, n_permutations=n_permutations, window=window,
         hamming_keep=hamming_keep)
     return found
+
+
+def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int,
+                *, candidates: int = RANK_CANDIDATES, paired: bool = True, n_threads: int = 1
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Mode ``"rank"`` on one segment: every key's angle score, the ``candidates`` smallest
+    re-ranked by the exact margin (ties of the score by row, of the margin by id)."""
+    if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) \
+            or candidates < 1:
+        raise InputError(f"candidates={candidates!r}: rows re-ranked per hyperplane must be an "
+                         "integer >= 1")
+    if paired and index.bits_ % 2:
+        raise InputError(f"paired angle scores need H-Hash keys (an even number of bits); the "
+                         f"segment's keys have {index.bits_}")
+    Q = qcodes.shape[0]
+
+    def run(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = part
+        offsets, rows = rank_candidates(index.codes_, np.ascontiguousarray(qcodes[lo:hi]),
+                                        paired, int(candidates), int(index.bits_))
+        dist, top = index.payload_.rerank(offsets, rows, qpayload.take(np.arange(lo, hi)), k,
+                                          index.ids_)
+        return dist, top
+
+    parts = _split(Q, n_threads) or [(0, Q)]
+    if len(parts) == 1:
+        results = [run(parts[0])]
+    else:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            results = list(pool.map(run, parts))
+    dist = np.concatenate([r[0] for r in results]).astype(np.float32)
+    top = np.concatenate([r[1] for r in results])
+    ids = np.where(top >= 0, index.ids_[np.maximum(top, 0)], -1)
+    reranked = np.full(Q, min(int(candidates), len(index)), np.int64)
+    return dist, ids, {"distinct": reranked.copy(), "reranked": reranked}

@@ -163,3 +163,141 @@ def test_centre_needs_a_bias_and_is_dense_only():
     S = SparseBlock.from_csr(sp.random(50, 30, density=0.2, format="csr", random_state=0))
     idx = HyperplaneIndex(bits=16, n_permutations=2, bias=True, center=True).fit(S)
     assert idx.center_ is None  # centring would make sparse rows dense
+
+
+def _unpack(codes, bits):
+    """Packed keys -> bool (n, bits), bit i of a key = bit 63 - i % 64 of word i // 64."""
+    B = np.unpackbits(codes.astype(">u8").view(np.uint8), axis=1)
+    return B[:, :bits].astype(bool)
+
+
+@pytest.mark.parametrize("bits", [64, 100, 256])
+def test_angle_scores_equal_a_numpy_reference(bits):
+    """`angle_scores` against the bits unpacked: H-Hash |D_u - D_v| (u = even key bits, v =
+    odd), EH-Hash the Hamming distance; a partial last word (100 bits) included.  Bugs caught:
+    the masks swapped (u and v), the pad bits of a partial word counted, D_u + D_v."""
+    from lshdist._kernels.hyperplane import angle_scores
+
+    rng = np.random.default_rng(bits)
+    w = (bits + 63) // 64
+    codes = rng.integers(0, 2**63, size=(300, w), dtype=np.int64).astype(np.uint64) * 2 + 1
+    q = rng.integers(0, 2**63, size=w, dtype=np.int64).astype(np.uint64) * 2
+    if bits % 64:  # pack_signs leaves the pad bits of a last partial word zero
+        pad = np.uint64(64 - bits % 64)
+        codes[:, -1] = (codes[:, -1] >> pad) << pad
+        q[-1] = (q[-1] >> pad) << pad
+    D = _unpack(codes, bits) != _unpack(q[None], bits)
+    out = np.empty(len(codes), np.int32)
+    angle_scores(codes, q, True, bits, out)
+    assert np.array_equal(out, np.abs(D[:, 0::2].sum(1) - D[:, 1::2].sum(1)))
+    angle_scores(codes, q, False, bits, out)
+    assert np.array_equal(out, D.sum(1))
+
+
+def test_hhash_paired_score_is_linear_in_the_angle():
+    """Over F = 20,480 random H-Hash functions (10 seeds of 2,048), (D_u - D_v) / F of a row at
+    angle theta to the normal is 2 theta / pi - 1 (within 4 standard errors), while the Hamming
+    distance / F stays 1 at every angle: the reason mode "rank" scores H-Hash keys by
+    |D_u - D_v|."""
+    from lshdist.hashing.hyperplane import HHash
+
+    fams = [HHash(d=3, bits=4096, seed=s) for s in range(10)]
+    F = 2048 * len(fams)
+    w = np.array([[1.0, 0.0, 0.0]])
+    qk = np.concatenate([_unpack(f.hash_queries(w), 4096) for f in fams], axis=1)
+    for theta in (0.1, 0.3, 0.5, 0.7, 0.9):
+        a = theta * np.pi
+        x = np.array([[np.cos(a), np.sin(a), 0.0]])
+        D = np.concatenate([_unpack(f.hash(x), 4096) for f in fams], axis=1) != qk
+        diff = (D[0, 0::2].sum() - D[0, 1::2].sum()) / F
+        se = np.sqrt(2 * theta * (1 - theta) / F)
+        assert abs(diff - (2 * theta - 1)) < 4 * se + 1e-9, (theta, diff)
+        assert abs(D.sum() / F - 1) < 4 * np.sqrt(2 * theta * (1 - theta) / F) + 1e-9
+
+
+def test_smallest_rows_is_a_stable_partial_sort():
+    """`rank_candidates`' selection: the keep smallest scores, ties by row, in row order.
+    Bugs caught: an off-by-one at the cut, ties taken from the end, more than keep rows."""
+    from lshdist._kernels.hyperplane import smallest_rows
+
+    rng = np.random.default_rng(0)
+    for keep in (1, 17, 500, 999, 1000, 1500):
+        s = rng.integers(0, 40, 1000).astype(np.int32)
+        out = np.full(1000, -1, np.int64)
+        m = smallest_rows(s, keep, 40, out)
+        want = np.sort(np.argsort(s, kind="stable")[:keep])
+        assert m == len(want) and np.array_equal(out[:m], want)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rank_mode_reranks_exactly_its_candidates(sparse):
+    """mode="rank": the top-k are the exact margins (ties by id) of the `candidates` rows of
+    smallest angle score, and a row count >= N gives the exhaustive answer.  Bugs caught: the
+    candidates' rows mapped to ids twice, the query payloads taken out of order across
+    threads, the bias missing from the re-rank."""
+    from lshdist._kernels.hyperplane import angle_scores
+    from lshdist.index.hyperplane import encode_hyperplanes
+
+    X, W, ids = _data(3)
+    X[np.random.default_rng(3).random(X.shape) < 0.3] = 0
+    b = np.linspace(-1, 1, len(W))
+    rows = SparseBlock.from_csr(sp.csr_matrix(X)) if sparse else X
+    qrows = SparseBlock.from_csr(sp.csr_matrix(W)) if sparse else W
+    idx = HyperplaneIndex(family="h-hash", bits=128, n_permutations=2, bias=True).fit(rows, ids)
+    D = _margins(X, W, b)
+    qcodes, _ = encode_hyperplanes(idx.family_, qrows, b)
+    k = 5
+    dist, got = idx.query(qrows, k, offsets=b, mode="rank", candidates=40, n_threads=2)
+    assert np.all(idx.stats_["reranked"] == 40)
+    s = np.empty(len(X), np.int32)
+    for q in range(len(W)):
+        angle_scores(idx.index_.codes_, qcodes[q], True, 128, s)
+        r = np.argsort(s, kind="stable")[:40]
+        order = np.lexsort((ids[r], D[r, q].astype(np.float32)))[:k]
+        assert np.array_equal(got[q], ids[r[order]])
+        np.testing.assert_allclose(dist[q], D[r[order], q], rtol=1e-5, atol=1e-6)
+    full_d, full = idx.query(qrows, k, offsets=b, mode="rank", candidates=10**6)
+    scan_d, scan = idx.query(qrows, k, offsets=b, mode="scan")
+    assert np.array_equal(full, scan)
+    with pytest.raises(InputError, match="candidates=0"):
+        idx.query(qrows, k, offsets=b, mode="rank", candidates=0)
+    with pytest.raises(InputError, match="mode='ranked'"):
+        idx.query(qrows, k, offsets=b, mode="ranked")
+
+
+def test_rank_mode_finds_small_margins_on_fashion(fashion):
+    """Fashion-MNIST, 20,000 images in [0, 1] (784-d, as given), 10 binary one-vs-all LinearSVC
+    hyperplanes (5 + 10 labelled images per class), H-Hash 1,024 bits, 500 rows re-ranked per
+    hyperplane (2.5 %): the nearest margin found against that of 500 random rows, and the
+    candidates' median margin against the pool's.  Measured: nearest 0.00086 vs random 0.0069
+    (7.9x lower), candidates' median 0.57 x the pool's; the lists (mode "hash", M=16, W=16,
+    488 rows) 0.0051; the Hamming distance as the score: nearest 0.014, median 0.82 x.  Bugs
+    caught: Hamming distance as the score, u and v bits swapped, the bias dropped."""
+    from sklearn.svm import LinearSVC
+
+    X = (fashion.X_train[:20_000] / 255.0).astype(np.float32)
+    y = fashion.y_train[:20_000]
+    rng = np.random.default_rng(0)
+    lab = np.concatenate([rng.choice(np.flatnonzero(y == c), 15, replace=False)
+                          for c in range(10)])
+    planes = []
+    for c in range(10):
+        clf = LinearSVC(class_weight="balanced", dual="auto", max_iter=5000)
+        clf.fit(X[lab], y[lab] == c)
+        planes.append((clf.coef_.ravel().astype(np.float64), float(clf.intercept_[0])))
+    W = np.stack([p[0] for p in planes])
+    b = np.array([p[1] for p in planes])
+    M = _margins(X, W, b)
+    idx = HyperplaneIndex(family="h-hash", bits=1024, n_permutations=16, window=16, bias=True,
+                          seed=1).fit(X)
+    dist, got = idx.query(W, 10, offsets=b, mode="rank", candidates=500)
+    rnd = np.array([M[rng.choice(len(X), 500, replace=False), q].min() for q in range(10)])
+    near = dist[:, 0].astype(np.float64)
+    assert np.mean(near) < 0.25 * np.mean(rnd), (near, rnd)
+    from lshdist._kernels.hyperplane import rank_candidates
+    from lshdist.index.hyperplane import encode_hyperplanes
+
+    qcodes, _ = encode_hyperplanes(idx.family_, W, b)
+    offsets, rows = rank_candidates(idx.index_.codes_, qcodes, True, 500, 1024)
+    cand_med = np.median([np.median(M[rows[offsets[q]:offsets[q + 1]], q]) for q in range(10)])
+    assert cand_med < 0.7 * np.median(M)
