@@ -8,9 +8,11 @@ selected is labelled (the pool's labels are the oracle of the experiment) and th
 retrained.  Selection methods:
 
 - ``h-hash`` / ``eh-hash``: the pool is indexed once (`HyperplaneIndex`, bias as a constant
-  feature, keys of the rows centred on the pool mean unless ``no_center``); the candidates of
-  the class's hyperplane are re-ranked by the exact margin and the unlabelled one with the
-  smallest is selected (a random unlabelled point when every candidate is labelled);
+  feature, keys of the rows as given or centred on the pool mean with ``center``); the
+  candidates of the class's hyperplane (``search="rank"``: the ``candidates`` rows of smallest
+  angle score; ``"lists"``: the permutation lists) are re-ranked by the exact margin and the
+  unlabelled one with the smallest is selected (a random unlabelled point when every
+  candidate is labelled);
 - ``exhaustive``: the smallest margin over the whole unlabelled pool (one N x d product);
 - ``random``: a random unlabelled point.
 
@@ -118,13 +120,13 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
             indexes[m] = HyperplaneIndex(
                 family=m, bits=s.bits, n_permutations=s.permutations, window=s.window,
                 samples=s.eh_samples if m == "eh-hash" else None, bias=True,
-                center=not s.no_center, seed=s.seed,
+                center=s.center, seed=s.seed,
             ).fit(pool)
             build_s[m] = time.perf_counter() - t0
             log.info("%s index of %d pool rows: %.1fs", m, N, build_s[m])
             # compile / load the query kernels before any selection is timed
             indexes[m].query(_query_rows(pool, np.ones(_width(pool))), 1,
-                             offsets=np.zeros(1))
+                             offsets=np.zeros(1), **_search(s))
     C, R = len(classes), s.rounds
     out: dict[str, dict[str, np.ndarray]] = {m: {
         **{k: np.full((s.runs, C, R + 1), np.nan)
@@ -156,7 +158,8 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
                     if r == R:
                         continue
                     t0 = time.perf_counter()
-                    pick, scanned = _select(m, pool, labelled[ci], w, b, indexes.get(m), rng)
+                    pick, scanned = _select(m, pool, labelled[ci], w, b, indexes.get(m), rng,
+                                            _search(s))
                     rec["seconds"][run, ci, r + 1] = time.perf_counter() - t0
                     # the true margin of the selected point (not the one a method reports)
                     rec["margin"][run, ci, r + 1] = _margin(take_rows(pool, [pick]), w, b)[0]
@@ -188,8 +191,16 @@ def _auroc(positive: np.ndarray, score: np.ndarray) -> float:
     return float(roc_auc_score(positive, score))
 
 
+def _search(s: ActiveConfig) -> dict[str, Any]:
+    """`HyperplaneIndex.query` keywords of the hashing methods' candidate search."""
+    if s.search == "rank":
+        return {"mode": "rank", "candidates": s.candidates}
+    return {"mode": "hash"}
+
+
 def _select(method: str, pool: Block, labelled: np.ndarray, w: np.ndarray, b: float,
-            index: HyperplaneIndex | None, rng: np.random.Generator) -> tuple[int, int]:
+            index: HyperplaneIndex | None, rng: np.random.Generator,
+            search: dict[str, Any] | None = None) -> tuple[int, int]:
     """(pool row selected, margins computed to select it) for the hyperplane ``(w, b)``."""
     if method == "random":
         return int(rng.choice(np.flatnonzero(~labelled))), 0
@@ -201,7 +212,7 @@ def _select(method: str, pool: Block, labelled: np.ndarray, w: np.ndarray, b: fl
         raise InputError(f"no index was built for method {method!r}")
     # the top (labelled + 1) candidates hold an unlabelled one whenever the candidates do
     k = min(int(labelled.sum()) + 1, len(labelled))
-    _, ids = index.query(_query_rows(pool, w), k, offsets=np.array([b]))
+    _, ids = index.query(_query_rows(pool, w), k, offsets=np.array([b]), **(search or {}))
     scanned = int(index.stats_["reranked"].sum())
     ids = ids[0]
     ok = (ids >= 0) & ~labelled[np.maximum(ids, 0)]

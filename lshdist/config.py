@@ -495,12 +495,18 @@ class ActiveConfig(Section):
     rounds: int = opt(300, POSITIVE, "selection rounds per run")
     runs: int = opt(5, POSITIVE, "runs (different initial labelled sets)")
     initial: int = opt(5, POSITIVE, "labelled examples per class to start from", metavar="n")
-    bits: int = opt(64, _int(2, MAX_BITS), "b, bits per hash key (even for h-hash)",
+    bits: int = opt(1024, _int(2, MAX_BITS), "b, bits per hash key (even for h-hash)",
                     metavar="b")
-    permutations: int = opt(64, _int(1, MAX_PERMUTATIONS), "M, permutation-sorted lists",
-                            metavar="M")
-    window: int = opt(8, POSITIVE, "W, list entries taken on each side of a query",
-                      metavar="W")
+    search: str = opt("rank", _choice("rank", "lists"),
+                      "how the hashing methods find candidates: rank (every key's angle score, "
+                      "the --candidates smallest re-ranked) or lists (the permutation lists, "
+                      "--permutations and --window)")
+    candidates: int = opt(500, POSITIVE, "search rank: pool rows re-ranked per hyperplane (the "
+                          "paper's N rho)", metavar="n")
+    permutations: int = opt(64, _int(1, MAX_PERMUTATIONS), "search lists: M, permutation-sorted "
+                            "lists", metavar="M")
+    window: int = opt(8, POSITIVE, "search lists: W, list entries taken on each side of a "
+                      "query", metavar="W")
     eh_samples: int | None = opt(None, _optional(POSITIVE),
                                  "eh-hash: t samples of the query embedding (default exact)",
                                  metavar="t")
@@ -513,8 +519,8 @@ class ActiveConfig(Section):
                               "(default all)", metavar="n")
     eval_every: int = opt(1, POSITIVE, "evaluate the test AUROC and accuracy every n rounds "
                           "(and at the last); selection runs every round", metavar="n")
-    no_center: bool = opt(False, _flag(), "hash the pool rows as given (default: centred on "
-                          "the pool mean; dense pools only)")
+    center: bool = opt(False, _flag(), "hash the pool rows centred on the pool mean (dense "
+                       "pools only; default: as given, which searched better on Fashion-MNIST)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
 
     def __post_init__(self) -> None:

@@ -54,8 +54,8 @@ MODES = ("hash", "rank", "scan")
 #: rows re-ranked per hyperplane by mode "rank" (the paper scanned N rho = 500 points)
 RANK_CANDIDATES = 500
 
-#: sparse H-Hash keeps the Gaussians of the pool's features up to this many (128 MB float64)
-CACHED_GAUSSIANS = 2**24
+#: sparse H-Hash keeps the Gaussians of the pool's features up to this many (256 MB float64)
+CACHED_GAUSSIANS = 2**25
 
 
 def _inverse_norms(W: Block, d: int | None) -> np.ndarray:

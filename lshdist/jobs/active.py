@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     with atomic_dir(args.out, inputs=(args.pool, args.test)) as tmp:
         result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
-            "methods", "rounds", "runs", "initial", "bits", "permutations", "window",
-            "eh_samples", "C", "class_weight", "classes", "eval_every", "no_center", "seed")},
+            "methods", "rounds", "runs", "initial", "bits", "search", "candidates", "permutations",
+            "window", "eh_samples", "C", "class_weight", "classes", "eval_every", "center",
+            "seed")},
             **summarize(result)}
         summary["plots"] = plot(summary, tmp)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2))
