@@ -25,12 +25,11 @@ Two ways to find candidates from the same keys (``mode``):
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
-
-from concurrent.futures import ThreadPoolExecutor
 
 from lshdist._kernels.hyperplane import (
     rank_candidates,
@@ -41,8 +40,8 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.payload import csr_take
-from lshdist.index.scan import scan_topk
 from lshdist.index.permutation import PermutationIndex, _split
+from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import permutation_seed
 from lshdist.validation import check_k
 

@@ -259,6 +259,7 @@ def test_rank_mode_reranks_exactly_its_candidates(sparse):
     full_d, full = idx.query(qrows, k, offsets=b, mode="rank", candidates=10**6)
     scan_d, scan = idx.query(qrows, k, offsets=b, mode="scan")
     assert np.array_equal(full, scan)
+    np.testing.assert_allclose(full_d, scan_d, rtol=1e-6)
     with pytest.raises(InputError, match="candidates=0"):
         idx.query(qrows, k, offsets=b, mode="rank", candidates=0)
     with pytest.raises(InputError, match="mode='ranked'"):
@@ -290,7 +291,7 @@ def test_rank_mode_finds_small_margins_on_fashion(fashion):
     M = _margins(X, W, b)
     idx = HyperplaneIndex(family="h-hash", bits=1024, n_permutations=16, window=16, bias=True,
                           seed=1).fit(X)
-    dist, got = idx.query(W, 10, offsets=b, mode="rank", candidates=500)
+    dist, _ = idx.query(W, 10, offsets=b, mode="rank", candidates=500)
     rnd = np.array([M[rng.choice(len(X), 500, replace=False), q].min() for q in range(10)])
     near = dist[:, 0].astype(np.float64)
     assert np.mean(near) < 0.25 * np.mean(rnd), (near, rnd)
