@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lshdist.blocks import Block, SparseBlock, n_rows, take_rows
+from lshdist.blocks import Block, SparseBlock, n_rows
 from lshdist.config import ActiveConfig
 from lshdist.errors import InputError
 from lshdist.index.hyperplane import HyperplaneIndex
@@ -80,10 +80,107 @@ def _query_rows(pool: Block, w: np.ndarray) -> Block:
     return SparseBlock.from_arrays(np.array([0, len(nz)]), pool.features[nz], w[nz])
 
 
-def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray, *,
-               settings: ActiveConfig,
-               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every method of ``settings.methods`` ``settings.runs`` times.
+class LocalPool:
+    """The pool in this process: its rows, and a `HyperplaneIndex` per hashing method."""
+
+    def __init__(self, pool: Block, settings: ActiveConfig) -> None:
+        self.pool = pool
+        self.n = n_rows(pool)
+        self.features = pool.features if isinstance(pool, SparseBlock) else None
+        self._rows = _rows(pool)
+        self.settings = settings
+        self.indexes: dict[str, HyperplaneIndex] = {}
+        self.build_seconds: dict[str, float] = {}
+
+    def build(self, method: str) -> None:
+        s = self.settings
+        t0 = time.perf_counter()
+        self.indexes[method] = HyperplaneIndex(
+            family=method, bits=s.bits, n_permutations=s.permutations, window=s.window,
+            samples=s.eh_samples if method == "eh-hash" else None, bias=True,
+            center=s.center, seed=s.seed,
+        ).fit(self.pool)
+        self.build_seconds[method] = time.perf_counter() - t0
+        log.info("%s index of %d pool rows: %.1fs", method, self.n, self.build_seconds[method])
+        # compile / load the query kernels before any selection is timed
+        self.indexes[method].query(_query_rows(self.pool, np.ones(_width(self.pool))), 1,
+                                   offsets=np.zeros(1), **_search(s))
+
+    def rows(self, rows: np.ndarray) -> Any:
+        return self._rows[rows]
+
+    def top(self, method: str, w: np.ndarray, b: float, k: int) -> tuple[np.ndarray, int]:
+        """Ids of the k smallest margins the method finds, and the margins it computed."""
+        if method == "exhaustive":  # one product over the whole pool
+            M = _margin(self.pool, w, b)
+            order = np.argpartition(M, k - 1)[:k] if k < len(M) else np.arange(len(M))
+            return order[np.lexsort((order, M[order]))], len(M)
+        index = self.indexes[method]
+        _, ids = index.query(_query_rows(self.pool, w), k, offsets=np.array([b]),
+                             **_search(self.settings))
+        return ids[0], int(index.stats_["reranked"].sum())
+
+
+class DistributedPool:
+    """The pool on a Dask cluster (`lshdist.cluster.active.ClusterPool` per hashing method;
+    the exhaustive baseline runs on the first one's segments)."""
+
+    def __init__(self, client: Any, path: str, settings: ActiveConfig) -> None:
+        from lshdist.store.dataset import Dataset
+
+        ds = Dataset(path)
+        self.client, self.path, self.settings = client, path, settings
+        self.n = ds.n
+        self.features = None
+        self.pools: dict[str, Any] = {}
+        self.build_seconds: dict[str, float] = {}
+        self._cache: dict[int, np.ndarray] = {}
+
+    def build(self, method: str) -> None:
+        from lshdist.cluster.active import ClusterPool
+
+        s = self.settings
+        self.pools[method] = ClusterPool(
+            self.client, self.path, family=method, bits=s.bits, seed=s.seed,
+            samples=s.eh_samples if method == "eh-hash" else None,
+            lists=s.permutations if s.search == "lists" else 1)
+        self.build_seconds[method] = self.pools[method].build_seconds
+        self.pools[method].top(np.ones(self.pools[method].d), 0.0, 1, "rank", 1)  # warm
+
+    def _any(self) -> Any:
+        if not self.pools:
+            self.build("h-hash")
+            self.build_seconds.pop("h-hash")
+        return next(iter(self.pools.values()))
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        missing = np.array([r for r in np.unique(rows) if int(r) not in self._cache], np.int64)
+        if len(missing):
+            for r, x in zip(missing, self._any().rows(missing)):
+                self._cache[int(r)] = x
+        return np.stack([self._cache[int(r)] for r in rows])
+
+    def top(self, method: str, w: np.ndarray, b: float, k: int) -> tuple[np.ndarray, int]:
+        s = self.settings
+        if method == "exhaustive":
+            _, ids, scanned = self._any().top(w, b, k, "scan", 1)
+        else:
+            mode = "rank" if s.search == "rank" else "hash"
+            _, ids, scanned = self.pools[method].top(w, b, k, mode, s.candidates)
+        return ids, scanned
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+
+
+def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.ndarray, *,
+               settings: ActiveConfig, progress: Callable[[str], None] | None = None,
+               distributed: DistributedPool | None = None) -> dict[str, Any]:
+    """Run every method of ``settings.methods`` ``settings.runs`` times, on the rows of
+    ``pool`` in this process, or on a pool held by the cluster (``distributed``; ``pool``
+    None).
 
     Returns
     -------
@@ -104,29 +201,22 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
     if counts.min() < s.initial + 1:
         raise InputError(f"class {all_classes[counts.argmin()]} has {counts.min()} pool rows; "
                          f"{s.initial} initial examples per class need at least one more")
-    N = n_rows(pool)
+    N = len(y_pool)
     if s.rounds > N - s.initial * len(all_classes):
         raise InputError(f"rounds={s.rounds}: the pool has only "
                          f"{N - s.initial * len(all_classes)} unlabelled rows")
-    features = pool.features if isinstance(pool, SparseBlock) else None
+    P: LocalPool | DistributedPool
+    if distributed is not None:
+        P = distributed
+    elif pool is not None:
+        P = LocalPool(pool, s)
+    else:
+        raise InputError("run_active needs the pool's rows or a distributed pool")
     # float64 once: a float32 matrix times float64 coefficients is upcast at every call
-    test_rows = _rows(_on_features(test, features)).astype(np.float64)
-    pool_rows = _rows(pool)
-    indexes: dict[str, HyperplaneIndex] = {}
-    build_s: dict[str, float] = {}
+    test_rows = _rows(_on_features(test, P.features)).astype(np.float64)
     for m in methods:
         if m in ("h-hash", "eh-hash"):
-            t0 = time.perf_counter()
-            indexes[m] = HyperplaneIndex(
-                family=m, bits=s.bits, n_permutations=s.permutations, window=s.window,
-                samples=s.eh_samples if m == "eh-hash" else None, bias=True,
-                center=s.center, seed=s.seed,
-            ).fit(pool)
-            build_s[m] = time.perf_counter() - t0
-            log.info("%s index of %d pool rows: %.1fs", m, N, build_s[m])
-            # compile / load the query kernels before any selection is timed
-            indexes[m].query(_query_rows(pool, np.ones(_width(pool))), 1,
-                             offsets=np.zeros(1), **_search(s))
+            P.build(m)
     C, R = len(classes), s.rounds
     out: dict[str, dict[str, np.ndarray]] = {m: {
         **{k: np.full((s.runs, C, R + 1), np.nan)
@@ -147,8 +237,7 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
                 D = np.empty((C, int(in_run.sum())))
                 for ci, c in enumerate(classes):
                     rows = np.flatnonzero(labelled[ci])
-                    clf = _svc(s.C, s.class_weight, s.seed).fit(pool_rows[rows],
-                                                                y_pool[rows] == c)
+                    clf = _svc(s.C, s.class_weight, s.seed).fit(P.rows(rows), y_pool[rows] == c)
                     w = np.asarray(clf.coef_, np.float64).ravel()
                     b = float(np.asarray(clf.intercept_).ravel()[0])
                     if evaluate:
@@ -158,11 +247,11 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
                     if r == R:
                         continue
                     t0 = time.perf_counter()
-                    pick, scanned = _select(m, pool, labelled[ci], w, b, indexes.get(m), rng,
-                                            _search(s))
+                    pick, scanned = _select(m, P, labelled[ci], w, b, rng)
                     rec["seconds"][run, ci, r + 1] = time.perf_counter() - t0
                     # the true margin of the selected point (not the one a method reports)
-                    rec["margin"][run, ci, r + 1] = _margin(take_rows(pool, [pick]), w, b)[0]
+                    rec["margin"][run, ci, r + 1] = _margin(_as_rows(P.rows(np.array([pick])), P),
+                                                            w, b)[0]
                     rec["scanned"][run, ci, r + 1] = scanned / N
                     labelled[ci, pick] = True
                 if evaluate:
@@ -175,8 +264,16 @@ def run_active(pool: Block, y_pool: np.ndarray, test: Block, y_test: np.ndarray,
                          f"{np.mean(rec['auroc'][run, :, 0]):.4f} -> "
                          f"{np.mean(rec['auroc'][run, :, -1]):.4f}, selection "
                          f"{1e3 * np.nanmean(rec['seconds'][run]):.2f} ms/round")
-    return {"records": out, "build_seconds": build_s, "n_pool": N,
+    return {"records": out, "build_seconds": P.build_seconds, "n_pool": N,
             "classes": [int(c) for c in classes]}
+
+
+def _as_rows(X: Any, P: LocalPool | DistributedPool) -> Block:
+    """Rows as `P.rows` gives them (a CSR matrix for sparse pools) back as a block."""
+    if P.features is not None:
+        return SparseBlock(X, P.features)
+    out: Block = np.asarray(X)
+    return out
 
 
 def _width(X: Block) -> int:
@@ -198,23 +295,14 @@ def _search(s: ActiveConfig) -> dict[str, Any]:
     return {"mode": "hash"}
 
 
-def _select(method: str, pool: Block, labelled: np.ndarray, w: np.ndarray, b: float,
-            index: HyperplaneIndex | None, rng: np.random.Generator,
-            search: dict[str, Any] | None = None) -> tuple[int, int]:
+def _select(method: str, P: LocalPool | DistributedPool, labelled: np.ndarray, w: np.ndarray,
+            b: float, rng: np.random.Generator) -> tuple[int, int]:
     """(pool row selected, margins computed to select it) for the hyperplane ``(w, b)``."""
     if method == "random":
         return int(rng.choice(np.flatnonzero(~labelled))), 0
-    if method == "exhaustive":  # one product over the whole pool, labelled rows masked
-        M = _margin(pool, w, b)
-        M[labelled] = np.inf
-        return int(np.argmin(M)), len(M)
-    if index is None:
-        raise InputError(f"no index was built for method {method!r}")
-    # the top (labelled + 1) candidates hold an unlabelled one whenever the candidates do
+    # the top (labelled + 1) hold an unlabelled row whenever the candidates do
     k = min(int(labelled.sum()) + 1, len(labelled))
-    _, ids = index.query(_query_rows(pool, w), k, offsets=np.array([b]), **(search or {}))
-    scanned = int(index.stats_["reranked"].sum())
-    ids = ids[0]
+    ids, scanned = P.top(method, w, b, k)
     ok = (ids >= 0) & ~labelled[np.maximum(ids, 0)]
     if not ok.any():  # every candidate labelled already: fall back to a random point
         return int(rng.choice(np.flatnonzero(~labelled))), scanned

@@ -1,4 +1,5 @@
-"""``lshdist active``: pool-based active learning with hashed hyperplane queries (one process).
+"""``lshdist active``: pool-based active learning with hashed hyperplane queries, in one
+process or (``--distributed``) with the pool hashed and searched on the cluster.
 
 Learning curves, selection time, the margins of the selected points and the fraction of the
 pool scanned, per method (`lshdist.active`), written to OUT: ``summary.json``,
@@ -13,8 +14,9 @@ import logging
 import sys
 from typing import Any
 
-from lshdist.config import ActiveConfig, add_options, from_args
+from lshdist.config import ActiveConfig, ClusterConfig, add_options, from_args
 from lshdist.errors import InputError
+from lshdist.jobs.common import add_cluster_options, client_from_config
 
 log = logging.getLogger(__name__)
 FORMAT = "lshdist-active"
@@ -22,7 +24,7 @@ FORMAT = "lshdist-active"
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "active", help="active learning with hashed hyperplane queries (one process)",
+        "active", help="active learning with hashed hyperplane queries",
         description="One binary linear SVM per class (one-vs-all) from a few labelled pool "
                     "points; each round selects the unlabelled pool point nearest its "
                     "hyperplane (H-Hash, EH-Hash, exhaustively, or at random), reveals its "
@@ -32,6 +34,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--test", required=True, metavar="DATASET", help="labelled test rows")
     p.add_argument("--out", required=True, metavar="DIR", help="the output directory")
     add_options(p, ActiveConfig, title="active learning")
+    p.add_argument("--distributed", action="store_true",
+                   help="hash the pool on the cluster (the cluster options below; default a "
+                        "LocalCluster) and select with tasks, the pool's rows held by the "
+                        "workers; dense pools.  Default: everything in this process")
+    add_cluster_options(p)
     p.set_defaults(func=run)
     return p
 
@@ -52,15 +59,21 @@ def run(args: argparse.Namespace) -> int:
     from lshdist.store.atomic import atomic_dir
 
     cfg = from_args(ActiveConfig, args)
-    pool, y_pool = _load(args.pool, "pool")
+    cluster = from_args(ClusterConfig, args)
     test, y_test = _load(args.test, "test")
     with atomic_dir(args.out, inputs=(args.pool, args.test)) as tmp:
-        result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
+        if args.distributed:
+            result = _run_distributed(args, cfg, cluster, test, y_test)
+        else:
+            pool, y_pool = _load(args.pool, "pool")
+            result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
             "methods", "rounds", "runs", "initial", "bits", "search", "candidates", "permutations",
             "window", "eh_samples", "C", "class_weight", "classes", "eval_every", "center",
-            "seed")},
+            "seed")}, "distributed": bool(args.distributed),
             **summarize(result)}
+        if "bytes_per_pool_row" in result:
+            summary["bytes_per_pool_row"] = result["bytes_per_pool_row"]
         summary["plots"] = plot(summary, tmp)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2))
     for m, v in summary["methods"].items():
@@ -71,3 +84,26 @@ def run(args: argparse.Namespace) -> int:
                          f"{v['selected_margin_mean']:.4f}, scanned "
                          f"{100 * v['fraction_scanned']:.1f}%\n")
     return 0
+
+
+def _run_distributed(args: argparse.Namespace, cfg: ActiveConfig, cluster: ClusterConfig,
+                     test: Any, y_test: Any) -> dict[str, Any]:
+    """The pool checked on the driver (dense, ids = rows, labelled), then hashed and searched
+    on the cluster; the driver reads only its labels."""
+    from lshdist.active import DistributedPool, run_active
+    from lshdist.cluster.active import check_pool
+
+    y_pool = check_pool(args.pool)
+    if cfg.center:
+        raise InputError("--center is not available with --distributed (the pool's rows are "
+                         "hashed as given)")
+    with client_from_config(cluster) as client:
+        dp = DistributedPool(client, args.pool, cfg)
+        try:
+            result = run_active(None, y_pool, test, y_test, settings=cfg, progress=log.info,
+                                distributed=dp)
+            if dp.pools:
+                result["bytes_per_pool_row"] = next(iter(dp.pools.values())).nbytes_per_row()
+        finally:
+            dp.close()
+    return result

@@ -110,3 +110,58 @@ def test_margin_selection_beats_random_on_two_clusters():
     assert rnd["final_auroc_improvement"] > 0.05
     assert ex["selected_margin_mean"] < 0.01 < 1.0 < rnd["selected_margin_mean"]
     assert ex["auroc_improvement_mean"][0] == 0.0
+
+
+def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
+    """``--distributed`` (an in-process cluster, the pool in 300-row shards, segments of whole
+    shards up to 400 rows): the random method's learning curve is the one-process curve exactly (the same
+    rows fetched from the workers train the same SVMs), exhaustive selection picks points of the
+    same margins, the hashed selection finds small margins from its segments' merged top lists,
+    and the summary states the bytes held per pool row.  Bugs caught: rows fetched from the
+    wrong segment (other SVMs), ids of a segment taken as rows of the pool, the bias dropped."""
+    from lshdist.cluster import active as cluster_active
+    from lshdist.store.dataset import Dataset
+
+    monkeypatch.setattr(cluster_active, "SEGMENT_ROWS", 400)
+    ds = Dataset(digits / "pool")
+    write_dataset(tmp_path / "pool", ds.read_rows(0, ds.n), ds.labels(), shard_rows=300,
+                  classes=[str(i) for i in range(10)])
+    common = ["--test", str(digits / "test"), "--rounds", "8", "--runs", "1", "--methods",
+              "h-hash,exhaustive,random", "--bits", "256", "--candidates", "60"]
+    assert main(["active", "--pool", str(tmp_path / "pool"), "--out", str(tmp_path / "one"),
+                 *common]) == 0
+    assert main(["active", "--pool", str(tmp_path / "pool"), "--out", str(tmp_path / "dist"),
+                 "--distributed", "--in-process", "--workers", "1", *common]) == 0
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())["methods"]
+    dist_s = json.loads((tmp_path / "dist" / "summary.json").read_text())
+    dist = dist_s["methods"]
+    assert dist_s["distributed"] is True
+    assert dist["random"]["auroc_improvement_mean"] == one["random"]["auroc_improvement_mean"]
+    np.testing.assert_allclose(dist["exhaustive"]["selected_margin_mean"],
+                               one["exhaustive"]["selected_margin_mean"], rtol=1e-4)
+    assert dist["exhaustive"]["fraction_scanned"] == 1.0
+    assert dist["h-hash"]["selected_margin_mean"] < 0.15 * dist["random"]["selected_margin_mean"]
+    # 4 segments (300, 300, 300 and 300 + 100 rows: whole shards, <= 400 rows) x 60 candidates
+    # re-ranked per hyperplane, of 1,300 rows
+    assert abs(dist["h-hash"]["fraction_scanned"] - 240 / 1300) < 1e-9
+    # keys (32 B) + the rows with their bias column (65 float32) + ids + a one-list index
+    assert 32 + 65 * 4 + 8 < dist_s["bytes_per_pool_row"] < 32 + 65 * 4 + 40
+
+
+def test_distributed_errors(digits, tmp_path, capsys):
+    """Refused on the driver, before a cluster starts: a sparse pool, an unlabelled pool,
+    --center."""
+    from scipy import sparse
+
+    write_dataset(tmp_path / "sparse", sparse.csr_matrix(np.eye(20, dtype=np.float32)),
+                  np.arange(20) % 2)
+    base = ["active", "--test", str(digits / "test"), "--out", str(tmp_path / "o"),
+            "--distributed", "--in-process", "--workers", "1"]
+    for extra, message in [(["--pool", str(tmp_path / "sparse")], "holds sparse rows"),
+                           (["--pool", str(digits / "unlabelled")], "has no labels"),
+                           (["--pool", str(digits / "pool"), "--center"],
+                            "--center is not available with --distributed")]:
+        capsys.readouterr()
+        assert main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()

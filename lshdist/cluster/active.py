@@ -1,0 +1,170 @@
+"""Active learning on the cluster (``lshdist active --distributed``): the pool indexed once,
+its segments held in worker memory, every selection a round of tasks.
+
+The driver keeps what is small: the labels (the oracle), the labelled rows fetched so far for
+the SVMs, the test rows, a labelled mask per class.  The workers hold the pool: per segment
+(a run of whole dataset shards, one or two per worker thread) the H-Hash or EH-Hash keys of
+its rows (bias as a constant feature) and the rows themselves (the margin payload).  A hashed
+selection hashes the class's hyperplane on the driver (the family's coefficients are the
+driver's, the same seed as the workers'), sends the key and the normal to one task per
+segment (`rank_segment`: the segment's ``candidates`` smallest angle scores re-ranked, or its
+permutation lists), and merges the partial top lists by (margin, id); the exhaustive baseline
+is the same round of tasks computing every row's margin.  Nothing is written but the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from lshdist.cluster.pipeline import spread
+from lshdist.errors import InputError
+from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
+from lshdist.index.hyperplane import (
+    MarginDensePayload,
+    encode_hyperplanes,
+    encode_points,
+    search_hyperplanes,
+)
+from lshdist.index.permutation import PermutationIndex, merge_topk
+from lshdist.index.searcher import permutation_seed
+from lshdist.store.dataset import Dataset
+
+log = logging.getLogger(__name__)
+
+#: rows per pool segment at most (a segment is a run of whole shards)
+SEGMENT_ROWS = 250_000
+
+
+# ------------------------------------------------------------------------------ worker tasks
+
+
+def fit_pool_segment(data_path: str, start: int, stop: int, family: HyperplaneFamily,
+                     lists: int, seed: int) -> PermutationIndex:
+    """Keys and margin payload of dataset rows ``start:stop`` (ids = the dataset's)."""
+    ds = Dataset(data_path)
+    codes, payload = encode_points(family, ds.read_rows(start, stop))
+    index = PermutationIndex(n_permutations=lists, seed=permutation_seed(seed))
+    index.fit(codes, family.bits, payload, ds.ids()[start:stop])
+    return index
+
+
+def rank_segment(segment: PermutationIndex, codes: np.ndarray, payload: Any, k: int, mode: str,
+                 candidates: int, paired: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """Partial top-k margins of one hyperplane in one segment: ``(dist, ids, reranked)``."""
+    dist, ids, stats = search_hyperplanes(segment, codes, payload, k, mode=mode,
+                                          candidates=candidates, paired=paired)
+    return dist, ids, int(stats["reranked"].sum())
+
+
+def segment_rows(segment: PermutationIndex, rows: np.ndarray) -> np.ndarray:
+    """Rows of a segment's payload (dense, the bias column dropped), float32."""
+    payload = segment.payload_.take(np.asarray(rows, np.int64))
+    if not isinstance(payload, MarginDensePayload):
+        raise InputError("segment_rows reads dense margin payloads only")
+    out: np.ndarray = np.ascontiguousarray(np.asarray(payload.X)[:, :-1])
+    return out
+
+
+# ------------------------------------------------------------------------------------ driver
+
+
+def check_pool(path: str) -> np.ndarray:
+    """A pool the cluster path takes, checked on the driver before any cluster starts: dense,
+    ids its row numbers, labelled.  Returns its labels."""
+    ds = Dataset(path)
+    if ds.kind != "dense":
+        raise InputError(f"pool {path!r} holds sparse rows; --distributed active learning takes "
+                         "dense pools (run sparse pools in one process: drop --distributed)")
+    if not np.array_equal(ds.ids(), np.arange(ds.n)):
+        raise InputError(f"pool {path!r} has ids that are not its row numbers 0..n-1; "
+                         "re-ingest it without --id-column / --id-offset")
+    y = ds.labels()
+    if y is None:
+        raise InputError(f"pool dataset {path!r} has no labels; active learning needs them (the "
+                         "pool's act as the oracle)")
+    out: np.ndarray = np.asarray(y)
+    return out
+
+
+class ClusterPool:
+    """A dense pool dataset hashed once on the cluster (`lshdist.active.run_active`'s pool
+    backend on Dask).  ``ids`` of the dataset must be its row numbers (what `lshdist ingest`
+    writes), so that a selected id is a row."""
+
+    def __init__(self, client: Any, data_path: str, *, family: str, bits: int, seed: int,
+                 samples: int | None = None, lists: int = 1,
+                 segment_rows: int | None = None) -> None:
+        check_pool(data_path)
+        ds = Dataset(data_path)
+        self.client = client
+        self.n = ds.n
+        self.d = ds.d
+        self.family = hyperplane_family(family, d=ds.d, bits=bits, seed=seed, bias=True,
+                                        samples=samples)
+        self.paired = isinstance(self.family, HHash)
+        bounds = [int(b) for b in ds.shard_bounds]
+        self.bounds: list[tuple[int, int]] = []
+        most = SEGMENT_ROWS if segment_rows is None else int(segment_rows)
+        a = 0
+        for i in range(1, len(bounds)):  # whole shards, up to `most` rows a segment
+            if bounds[i] - bounds[a] > most and i - 1 > a:
+                self.bounds.append((bounds[a], bounds[i - 1]))
+                a = i - 1
+        self.bounds.append((bounds[a], bounds[-1]))
+        workers = sorted(client.scheduler_info().get("workers", {}))
+        where = spread([b - a for a, b in self.bounds], workers)
+        t0 = time.perf_counter()
+        fam_f = client.scatter(self.family, broadcast=True)
+        self.segments = [client.submit(fit_pool_segment, str(ds.path), a, b, fam_f, lists, seed,
+                                       pure=False, workers=None if w is None else [w],
+                                       allow_other_workers=True)
+                         for (a, b), w in zip(self.bounds, where)]
+        client.gather(self.segments)
+        self.build_seconds = time.perf_counter() - t0
+        log.info("pool of %d rows hashed on the cluster (%s, %d bits, %d segments): %.1fs",
+                 self.n, family, bits, len(self.segments), self.build_seconds)
+
+    def nbytes_per_row(self) -> float:
+        """Keys + payload + lists held by the workers, bytes per pool row."""
+        def size(seg: PermutationIndex) -> int:
+            payload = seg.payload_
+            assert isinstance(payload, MarginDensePayload)
+            return int(seg.codes_.nbytes + payload.X.nbytes + seg.positions_.nbytes
+                       + seg.sorted_rows_.nbytes + seg.ids_.nbytes)
+
+        total = sum(self.client.gather([self.client.submit(size, s, pure=False)
+                                        for s in self.segments]))
+        return float(total) / self.n
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Pool rows (dense float32) fetched from the segments that hold them."""
+        rows = np.asarray(rows, np.int64)
+        starts = np.array([a for a, _ in self.bounds])
+        seg = np.searchsorted(starts, rows, side="right") - 1
+        out = np.empty((len(rows), self.d), np.float32)
+        futs = []
+        for s in np.unique(seg):
+            sel = np.flatnonzero(seg == s)
+            futs.append((sel, self.client.submit(segment_rows, self.segments[s],
+                                                 rows[sel] - starts[s], pure=False)))
+        for sel, f in futs:
+            out[sel] = f.result()
+        return out
+
+    def top(self, w: np.ndarray, b: float, k: int, mode: str, candidates: int
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Merged top-k (margins, ids) of hyperplane ``(w, b)`` over the segments and the rows
+        whose margin was computed; ``mode`` "rank", "hash" or "scan" (exhaustive)."""
+        codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]))
+        parts = [self.client.submit(rank_segment, s, codes, payload, k, mode, candidates,
+                                    self.paired, pure=False) for s in self.segments]
+        res = self.client.gather(parts)
+        dist, ids = merge_topk([r[0] for r in res], [r[1] for r in res], k)
+        return dist[0], ids[0], sum(r[2] for r in res)
+
+    def close(self) -> None:
+        self.client.cancel(self.segments)
