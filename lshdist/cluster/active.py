@@ -60,6 +60,26 @@ def rank_segment(segment: PermutationIndex, codes: np.ndarray, payload: Any, k: 
     return dist, ids, int(stats["reranked"].sum())
 
 
+def exhaustive_segment(segment: PermutationIndex, w: np.ndarray, b: float, k: int
+                       ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The exhaustive baseline on one segment, as a user would write it: every row's margin by
+    one float32 product with the rows (their bias column times b), the ``k + 64`` smallest
+    recomputed in float64 and the top k kept (ties by id).  ``(dist, ids, rows scanned)``."""
+    payload = segment.payload_
+    if not isinstance(payload, MarginDensePayload):
+        raise InputError("exhaustive_segment reads dense margin payloads only")
+    X = payload.X
+    coef = np.append(w, b).astype(X.dtype)
+    m = np.abs(X @ coef)
+    n = len(m)
+    take = min(n, k + 64)
+    cand = np.argpartition(m, take - 1)[:take] if take < n else np.arange(n)
+    exact = np.abs(np.asarray(X[cand], np.float64) @ np.append(w, b)) / np.linalg.norm(w)
+    ids = segment.ids_[cand]
+    order = np.lexsort((ids, exact))[:k]
+    return exact[order][None, :].astype(np.float32), ids[order][None, :], n
+
+
 def segment_rows(segment: PermutationIndex, rows: np.ndarray) -> np.ndarray:
     """Rows of a segment's payload (dense, the bias column dropped), float32."""
     payload = segment.payload_.take(np.asarray(rows, np.int64))
@@ -107,15 +127,17 @@ class ClusterPool:
                                         samples=samples)
         self.paired = isinstance(self.family, HHash)
         bounds = [int(b) for b in ds.shard_bounds]
-        self.bounds: list[tuple[int, int]] = []
-        most = SEGMENT_ROWS if segment_rows is None else int(segment_rows)
-        a = 0
-        for i in range(1, len(bounds)):  # whole shards, up to `most` rows a segment
-            if bounds[i] - bounds[a] > most and i - 1 > a:
-                self.bounds.append((bounds[a], bounds[i - 1]))
-                a = i - 1
-        self.bounds.append((bounds[a], bounds[-1]))
         workers = sorted(client.scheduler_info().get("workers", {}))
+        most = SEGMENT_ROWS if segment_rows is None else int(segment_rows)
+        n_shards = len(bounds) - 1
+        # segments of whole shards, at most `most` rows where shards allow, as many as a
+        # multiple of the workers (a round's tasks then end together)
+        n_seg = -(-self.n // most) if self.n else 1
+        if workers:
+            n_seg = -(-n_seg // len(workers)) * len(workers)
+        groups = np.array_split(np.arange(n_shards), min(max(n_seg, 1), max(n_shards, 1)))
+        self.bounds: list[tuple[int, int]] = [(bounds[g[0]], bounds[g[-1] + 1])
+                                              for g in groups if len(g)]
         where = spread([b - a for a, b in self.bounds], workers)
         t0 = time.perf_counter()
         fam_f = client.scatter(self.family, broadcast=True)
@@ -159,9 +181,13 @@ class ClusterPool:
             ) -> tuple[np.ndarray, np.ndarray, int]:
         """Merged top-k (margins, ids) of hyperplane ``(w, b)`` over the segments and the rows
         whose margin was computed; ``mode`` "rank", "hash" or "scan" (exhaustive)."""
-        codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]))
-        parts = [self.client.submit(rank_segment, s, codes, payload, k, mode, candidates,
-                                    self.paired, pure=False) for s in self.segments]
+        if mode == "scan":
+            parts = [self.client.submit(exhaustive_segment, s, w, b, k, pure=False)
+                     for s in self.segments]
+        else:
+            codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]))
+            parts = [self.client.submit(rank_segment, s, codes, payload, k, mode, candidates,
+                                        self.paired, pure=False) for s in self.segments]
         res = self.client.gather(parts)
         dist, ids = merge_topk([r[0] for r in res], [r[1] for r in res], k)
         return dist[0], ids[0], sum(r[2] for r in res)
