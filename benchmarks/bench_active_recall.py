@@ -6,8 +6,11 @@ Pool: the 60,000 Fashion-MNIST training images scaled to [0, 1] (784-d), or the 
 Newsgroups training documents (tf-idf, sparse) with ``BENCH_DATA=news``.  Hyperplanes: binary
 one-vs-all ``LinearSVC`` (class_weight balanced, C=1) of every class trained on 5 labelled
 images per class plus ``EXTRA`` random ones (the SVMs of an active-learning run).  Settings:
-H-Hash with and without centring the keys on the pool mean (dense only), bits ``BENCH_BITS``,
-M lists x W window (``BENCH_MW``, e.g. ``16x16`` = up to 512 candidates re-ranked).
+H-Hash with and without centring the keys on the pool mean (dense only), bits ``BENCH_BITS``;
+candidates from the permutation lists, M lists x W window (``BENCH_MW``, e.g. ``16x16`` = up
+to 512 candidates re-ranked), and from mode "rank" (every key's angle score, ``RANK`` = 500
+rows re-ranked; ``BENCH_SEARCH=lists,rank``).  Exhaustive: one float32 product with the pool
+(dense) or the CSR pool (sparse), per hyperplane, timed the same way.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_active_recall.py
 """
@@ -29,6 +32,9 @@ BITS = tuple(int(b) for b in os.environ.get("BENCH_BITS", "64,256").split(","))
 MW = tuple(tuple(int(v) for v in s.split("x"))
            for s in os.environ.get("BENCH_MW", "16x16").split(","))
 FAMILIES = tuple(os.environ.get("BENCH_FAMILIES", "h-hash").split(","))
+SEARCH = tuple(os.environ.get("BENCH_SEARCH", "lists,rank").split(","))
+CENTRES = tuple(c == "1" for c in os.environ.get("BENCH_CENTRE", "1,0").split(","))
+RANK = 500
 EXTRA = int(os.environ.get("EXTRA", "100"))
 K = 10
 
@@ -65,7 +71,16 @@ def main():
     exact = [margins(X, w, b) for w, b in planes]
     truth = [np.argsort(m, kind="stable")[:K] for m in exact]
     rows = []
-    centres = (True, False) if not isinstance(X, SparseBlock) else (False,)
+    centres = CENTRES if not isinstance(X, SparseBlock) else (False,)
+    Xf = X.matrix if isinstance(X, SparseBlock) else X
+    ex_secs = []
+    for w, b in planes:  # the exhaustive selection, warm, timed like the hashed queries
+        wf = w if isinstance(X, SparseBlock) else w.astype(np.float32)
+        np.abs(Xf @ wf + b).argmin()
+        t0 = time.perf_counter()
+        np.abs(Xf @ wf + b).argmin()
+        ex_secs.append(time.perf_counter() - t0)
+    exhaustive_ms = 1e3 * np.mean(ex_secs)
     for fam in FAMILIES:
         for bits in BITS:
             for center in centres:
@@ -73,13 +88,17 @@ def main():
                 idx = HyperplaneIndex(family=fam, bits=bits, n_permutations=MW[0][0],
                                       window=MW[0][1], bias=True, center=center).fit(X)
                 build = time.perf_counter() - t0
-                for M, W in MW:
-                    idx.index_.window = W  # the same lists, another window
+                searches = ([("lists", M, W) for M, W in MW if "lists" in SEARCH]
+                             + ([("rank", 0, 0)] if "rank" in SEARCH else []))
+                for search, M, W in searches:
+                    kw = {"mode": "rank", "candidates": RANK} if search == "rank" else {}
+                    if search == "lists":
+                        idx.index_.window = W  # the same lists, another window
                     rec, top, rnd_rec, rnd_top, scanned, secs = [], [], [], [], [], []
                     for (w, b), m, t in zip(planes, exact, truth):
-                        idx.query(query_rows(X, w), K, offsets=np.array([b]))  # warm
+                        idx.query(query_rows(X, w), K, offsets=np.array([b]), **kw)  # warm
                         t0 = time.perf_counter()
-                        _, ids = idx.query(query_rows(X, w), K, offsets=np.array([b]))
+                        _, ids = idx.query(query_rows(X, w), K, offsets=np.array([b]), **kw)
                         secs.append(time.perf_counter() - t0)
                         n = int(idx.stats_["reranked"][0])
                         scanned.append(n)
@@ -89,12 +108,14 @@ def main():
                         rnd_rec.append(len(np.intersect1d(r, t)) / K)
                         rnd_top.append(m[r].min())
                     rows.append({"family": fam, "bits": bits, "centred": center,
-                                 "M x W": f"{M}x{W}", "re-ranked": np.mean(scanned),
+                                 "search": "rank" if search == "rank" else f"lists {M}x{W}",
+                                 "re-ranked": np.mean(scanned),
                                  "recall@10": np.mean(rec), "random recall@10": np.mean(rnd_rec),
                                  "nearest margin": np.mean(top),
                                  "random nearest margin": np.mean(rnd_top),
                                  "true nearest margin": np.mean([m.min() for m in exact]),
-                                 "query ms": 1e3 * np.mean(secs), "build s": build})
+                                 "query ms": 1e3 * np.mean(secs),
+                                 "exhaustive ms": exhaustive_ms, "build s": build})
                     print(rows[-1], flush=True)
     common.write_results(f"active_recall_{DATA}", {"recall": rows},
                          title=f"Hyperplane search recall on the active-learning pool ({DATA})")

@@ -408,9 +408,11 @@ class QueryConfig(Section):
     """Bulk queries (``lshdist query``, the ``query:`` section)."""
 
     k: int = opt(10, POSITIVE, "neighbours per query")
-    mode: str = opt("auto", _choice("auto", "hash", "scan"),
+    mode: str = opt("auto", _choice("auto", "hash", "scan", "rank"),
                     "auto: what the index's calibration chose (hashed, or the exact scan where "
-                    "that is no slower); hash; or scan, the exact distributed linear scan")
+                    "that is no slower); hash; or scan, the exact distributed linear scan; "
+                    "rank (--hyperplanes only): every key's angle score, the --candidates "
+                    "smallest per segment re-ranked (default 500)")
     target_recall: float | None = opt(None, _optional(_float(0.0, 1.0)),
                                       "another operating point of the index's calibration "
                                       "curve (default: the one chosen at build time)",
@@ -423,7 +425,8 @@ class QueryConfig(Section):
                             metavar="N")
     candidates: int | None = opt(None, _optional(POSITIVE),
                                  "subspace index: members re-ranked per probed group (default: "
-                                 "the index's)", metavar="H")
+                                 "the index's); --mode rank: rows re-ranked per hyperplane and "
+                                 "segment (default 500)", metavar="H")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,12 @@ from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import InputError
 from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
 from lshdist.index.calibrate import Calibration, Point
-from lshdist.index.hyperplane import encode_hyperplanes, encode_points, search_hyperplanes
+from lshdist.index.hyperplane import (
+    RANK_CANDIDATES,
+    encode_hyperplanes,
+    encode_points,
+    search_hyperplanes,
+)
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.searcher import permutation_seed
 from lshdist.limits import MAX_PERMUTATIONS
@@ -87,19 +92,23 @@ def encode_chunk(source: str | np.ndarray, start: int, stop: int, ids: np.ndarra
 
 
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: tasks.Encoded, k: int,
-                   mode: str, op: tuple[int, int, int] | None) -> tasks.Partial:
+                   mode: str, op: tuple[int, int, int] | None, candidates: int = 500,
+                   paired: bool = True) -> tasks.Partial:
     """Partial top-k of one chunk of normals against one segment at ``op`` = (M, W, H)
-    (M = 0: the segment's own lists); a packed segment's parts are searched as the segments
-    they were and merged by (margin, id)."""
+    (M = 0: the segment's own lists), or by mode "rank" (``candidates`` rows, ``paired``:
+    H-Hash keys); a packed segment's parts are searched as the segments they were and merged
+    by (margin, id)."""
     if isinstance(segment, PackedSegment):
-        each = [search_segment(p, encoded, k, mode, op) for p in segment.parts]
+        each = [search_segment(p, encoded, k, mode, op, candidates, paired)
+                for p in segment.parts]
         dist, ids = merge_topk([e[0] for e in each], [e[1] for e in each], k)
         return dist, ids, np.sum([e[2] for e in each], axis=0)
     codes, payload, _ = encoded
     m, w, h = op if op is not None else (0, None, None)
     dist, ids, stats = search_hyperplanes(
         segment, codes, payload, k, mode=mode,
-        n_permutations=min(m, segment.n_permutations_) if m else None, window=w, hamming_keep=h)
+        n_permutations=min(m, segment.n_permutations_) if m else None, window=w, hamming_keep=h,
+        candidates=candidates, paired=paired)
     return dist, ids, stats["reranked"]
 
 
@@ -244,7 +253,9 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
                              f"of {manifest['d']}")
         source, n = str(ds.path), ds.n
     check_output(out, overwrite, kind="lshdist-results", inputs=(index, hyperplanes))
-    mode = "scan" if cfg.mode == "scan" else "hash"
+    mode = cfg.mode if cfg.mode in ("scan", "rank") else "hash"
+    if cfg.candidates is not None and mode != "rank":
+        raise InputError("--candidates applies to --mode rank of a hyperplane query")
     op = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
     return HyperplaneQueryPlan(Path(index), source, n, ids, Path(out), cfg, overwrite, manifest,
                                mode, op)
@@ -265,7 +276,9 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
                            info={"mode": plan.mode, "hyperplanes": fam["name"],
                                  "operating_point": dict(zip(("permutations", "window",
-                                                              "hamming_keep"), plan.op))}
+                                                              "hamming_keep"), plan.op)),
+                                 **({"candidates": cfg.candidates or RANK_CANDIDATES}
+                                    if plan.mode == "rank" else {})}
                            ) as tmp:
             writers = []
             for c, a in enumerate(range(0, plan.n, cfg.query_chunk)):
@@ -275,7 +288,9 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
                                     a, b, None if plan.ids is None else plan.ids[a:b],
                                     family_f, pure=False, retries=2)
                 parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op,
-                                       pure=False, retries=2) for s in segs]
+                                       cfg.candidates or RANK_CANDIDATES,
+                                       fam["name"] == "h-hash", pure=False, retries=2)
+                         for s in segs]
                 w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, str(tmp), c,
                                   pure=False, retries=2)
                 writers.append(w)

@@ -554,6 +554,10 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
                overwrite: bool = False) -> QueryPlan:
     """Check a bulk query on the driver (no cluster): index, model, queries, output."""
     cfg = cfg or QueryConfig()
+    if cfg.mode == "rank":
+        raise InputError("--mode rank ranks hyperplane keys; it answers --hyperplanes queries "
+                         "of an index built with --family h-hash or eh-hash, not k-NN queries "
+                         "(use auto, hash or scan)")
     if cfg.mode not in (*MODES, "auto"):
         raise InputError(f"mode={cfg.mode!r}; choose one of {[*MODES, 'auto']}")
     manifest = read_manifest(index)

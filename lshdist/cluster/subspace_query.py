@@ -161,6 +161,9 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
     manifest = read_manifest(index)
     if index_method(manifest) != METHOD:
         raise InputError(f"index {index!r} is not a subspace index")
+    if cfg.mode == "rank":
+        raise InputError("--mode rank answers --hyperplanes queries of an index built with "
+                         "--family h-hash or eh-hash; a subspace index takes auto, hash or scan")
     if cfg.target_recall is not None and (cfg.mode == "scan" or cfg.probe is not None
                                           or cfg.candidates is not None):
         raise InputError("--target-recall calibrates --probe and --candidates on a sample of "

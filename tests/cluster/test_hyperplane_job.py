@@ -83,6 +83,35 @@ def test_distributed_equals_one_process_per_segment_and_merge(job, tmp_path, fam
     assert info["hyperplanes"] == family
 
 
+@pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
+def test_rank_mode_equals_one_process_per_segment_and_merge(job, tmp_path, family):
+    """``--mode rank --candidates 40``: every segment's 40 rows of smallest angle score
+    re-ranked, merged by (margin, id), equal to three one-process indexes queried in mode
+    "rank" and merged; the results record the mode and the candidates.  Bugs caught: the
+    candidates option not reaching the workers, EH-Hash keys scored as H-Hash pairs."""
+    root, X, ids, W = job
+    assert _build(root, family, tmp_path / "idx") == 0
+    k = 6
+    assert main(["query", "--index", str(tmp_path / "idx"), "--hyperplanes", str(root / "W.npy"),
+                 "--k", str(k), "--out", str(tmp_path / "res"), "--mode", "rank",
+                 "--candidates", "40", *CLUSTER]) == 0
+    _, nb, dist, cand = read_results(tmp_path / "res", np.arange(len(W)))
+    parts_d, parts_i = [], []
+    for s in range(3):
+        rows = slice(300 * s, 300 * (s + 1))
+        ix = HyperplaneIndex(family=family, bits=32, n_permutations=8, window=4, seed=0)
+        d, i = ix.fit(X[rows], ids[rows]).query(W, k, mode="rank", candidates=40)
+        parts_d.append(d)
+        parts_i.append(i)
+    D, I = np.hstack(parts_d), np.hstack(parts_i)
+    order = np.lexsort((I, D), axis=1)[:, :k]
+    assert np.array_equal(nb, np.take_along_axis(I, order, 1))
+    np.testing.assert_allclose(dist, np.take_along_axis(D, order, 1), rtol=1e-6)
+    assert (cand == 120).all()
+    info = json.loads((tmp_path / "res" / "results.json").read_text())["info"]
+    assert info["mode"] == "rank" and info["candidates"] == 40
+
+
 def test_sparse_dataset_of_hyperplanes(tmp_path):
     """Sparse rows and sparse normals (a dataset): the results equal the one-process index.
     Bug caught: the dataset's ids not used as query ids, the sparse payload not registered with
@@ -123,6 +152,10 @@ def test_errors(job, tmp_path, capsys):
           str(tmp_path / "idx"), "--family", "h-hash", "--append"], "not supported"),
         (["index", "--data", str(root / "data"), "--model", str(root / "model"), "--out",
           str(tmp_path / "idx"), "--append"], "hyperplane index"),
+        (["query", "--index", str(tmp_path / "idx"), "--hyperplanes", str(root / "W.npy"),
+          "--out", str(tmp_path / "r3"), "--candidates", "40"], "applies to --mode rank"),
+        (["query", "--index", str(tmp_path / "idx"), "--queries", str(root / "data"), "--out",
+          str(tmp_path / "r4"), "--mode", "rank"], "ranks hyperplane keys"),
     ]
     for argv, message in cases:
         capsys.readouterr()
