@@ -116,9 +116,8 @@ def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
     """``--distributed`` (an in-process cluster, the pool in 300-row shards, segments of whole
     shards up to 400 rows): the random method's learning curve is the one-process curve
     exactly (the same rows fetched from the workers train the same SVMs), exhaustive selection
-    picks points of the
-    same margins, the hashed selection finds small margins from its segments' merged top lists,
-    and the summary states the bytes held per pool row.  Bugs caught: rows fetched from the
+    picks points of the same margins, the hashed selection finds small margins from its
+    segments' merged top lists, and the summary states the bytes held per pool row.  Bugs caught: rows fetched from the
     wrong segment (other SVMs), ids of a segment taken as rows of the pool, the bias dropped."""
     from lshdist.cluster import active as cluster_active
     from lshdist.store.dataset import Dataset
