@@ -80,6 +80,34 @@ def _query_rows(pool: Block, w: np.ndarray) -> Block:
     return SparseBlock.from_arrays(np.array([0, len(nz)]), pool.features[nz], w[nz])
 
 
+def check_active(y_pool: np.ndarray, pool_width: int | None, test: Block,
+                 settings: ActiveConfig) -> None:
+    """What an active-learning run needs of its inputs, checked before any work (and before a
+    cluster starts): >= 2 classes, enough rows per class and unlabelled rows for the rounds,
+    test rows as wide as the pool's (``pool_width`` None: sparse rows, matched by feature)."""
+    s = settings
+    all_classes = np.unique(y_pool)
+    if len(all_classes) < 2:
+        raise InputError("the pool's labels have one class; active learning needs >= 2")
+    if s.classes is not None and s.classes > len(all_classes):
+        raise InputError(f"classes={s.classes}: the pool has only {len(all_classes)} classes")
+    counts = np.array([(y_pool == c).sum() for c in all_classes])
+    if counts.min() < s.initial + 1:
+        raise InputError(f"class {all_classes[counts.argmin()]} has {counts.min()} pool rows; "
+                         f"{s.initial} initial examples per class need at least one more")
+    N = len(y_pool)
+    if s.rounds > N - s.initial * len(all_classes):
+        raise InputError(f"rounds={s.rounds}: the pool has only "
+                         f"{N - s.initial * len(all_classes)} unlabelled rows")
+    if (pool_width is None) != isinstance(test, SparseBlock):
+        kinds = ("sparse", "dense") if pool_width is None else ("dense", "sparse")
+        raise InputError(f"the test rows are {kinds[1]}, the pool's {kinds[0]}; give both of "
+                         "one kind")
+    if pool_width is not None and int(np.shape(test)[1]) != pool_width:
+        raise InputError(f"the test rows have {np.shape(test)[1]} features, the pool's "
+                         f"{pool_width}; give a test set of the pool's features")
+
+
 class LocalPool:
     """The pool in this process: its rows, and a `HyperplaneIndex` per hashing method."""
 
@@ -143,7 +171,7 @@ class DistributedPool:
         self.pools[method] = ClusterPool(
             self.client, self.path, family=method, bits=s.bits, seed=s.seed,
             samples=s.eh_samples if method == "eh-hash" else None,
-            lists=s.permutations if s.search == "lists" else 1)
+            lists=s.permutations if s.search == "lists" else 1, window=s.window)
         self.build_seconds[method] = self.pools[method].build_seconds
         self.pools[method].top(np.ones(self.pools[method].d), 0.0, 1, "rank", 1)  # warm
 
@@ -192,19 +220,10 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
     s = settings
     methods = s.method_list
     all_classes = np.unique(y_pool)
-    if len(all_classes) < 2:
-        raise InputError("the pool's labels have one class; active learning needs >= 2")
-    if s.classes is not None and s.classes > len(all_classes):
-        raise InputError(f"classes={s.classes}: the pool has only {len(all_classes)} classes")
+    if pool is not None:
+        check_active(y_pool, None if isinstance(pool, SparseBlock) else pool.shape[1], test, s)
     classes = all_classes[:s.classes] if s.classes is not None else all_classes
-    counts = np.array([(y_pool == c).sum() for c in all_classes])
-    if counts.min() < s.initial + 1:
-        raise InputError(f"class {all_classes[counts.argmin()]} has {counts.min()} pool rows; "
-                         f"{s.initial} initial examples per class need at least one more")
     N = len(y_pool)
-    if s.rounds > N - s.initial * len(all_classes):
-        raise InputError(f"rounds={s.rounds}: the pool has only "
-                         f"{N - s.initial * len(all_classes)} unlabelled rows")
     P: LocalPool | DistributedPool
     if distributed is not None:
         P = distributed

@@ -179,7 +179,8 @@ def pair_keys_grid(features):
     return out
 
 
-_EVEN = np.uint64(0x5555555555555555)  # bits 2j + 1 of a key (H-Hash's v_j): odd word bits
+#: key bits 2j + 1 (H-Hash's v_j): bit 63 - (2j + 1) % 64 of a word, the even word bits
+_EVEN = np.uint64(0x5555555555555555)
 
 
 @njit(cache=True, nogil=True)
@@ -244,9 +245,10 @@ def smallest_rows(scores, keep, max_score, out):
 
 
 @njit(cache=True, nogil=True)
-def rank_candidates(codes, qcodes, paired, keep, bits):
+def rank_candidates(codes, qcodes, paired, keep, bits, max_score):
     """For each query key the ``keep`` rows its `angle_scores` put nearest: CSR
-    ``(offsets (Q+1,), rows)`` int64, rows ascending per query."""
+    ``(offsets (Q+1,), rows)`` int64, rows ascending per query.  ``max_score`` bounds every
+    score (64 x words: safe even for keys with stray pad bits)."""
     n = codes.shape[0]
     Q = qcodes.shape[0]
     keep = min(keep, n)
@@ -255,5 +257,5 @@ def rank_candidates(codes, qcodes, paired, keep, bits):
     scores = np.empty(n, np.int32)
     for q in range(Q):
         angle_scores(codes, qcodes[q], paired, bits, scores)
-        smallest_rows(scores, keep, bits, rows[q * keep:(q + 1) * keep])
+        smallest_rows(scores, keep, max_score, rows[q * keep:(q + 1) * keep])
     return offsets, rows

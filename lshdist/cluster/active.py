@@ -14,6 +14,7 @@ is the same round of tasks computing every row's margin.  Nothing is written but
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from lshdist.errors import InputError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.hyperplane import (
     MarginDensePayload,
+    candidate_shares,
     encode_hyperplanes,
     encode_points,
     search_hyperplanes,
@@ -43,11 +45,11 @@ SEGMENT_ROWS = 250_000
 
 
 def fit_pool_segment(data_path: str, start: int, stop: int, family: HyperplaneFamily,
-                     lists: int, seed: int) -> PermutationIndex:
+                     lists: int, window: int, seed: int) -> PermutationIndex:
     """Keys and margin payload of dataset rows ``start:stop`` (ids = the dataset's)."""
     ds = Dataset(data_path)
     codes, payload = encode_points(family, ds.read_rows(start, stop))
-    index = PermutationIndex(n_permutations=lists, seed=permutation_seed(seed))
+    index = PermutationIndex(n_permutations=lists, window=window, seed=permutation_seed(seed))
     index.fit(codes, family.bits, payload, ds.ids()[start:stop])
     return index
 
@@ -116,7 +118,7 @@ class ClusterPool:
     writes), so that a selected id is a row."""
 
     def __init__(self, client: Any, data_path: str, *, family: str, bits: int, seed: int,
-                 samples: int | None = None, lists: int = 1,
+                 samples: int | None = None, lists: int = 1, window: int = 1,
                  segment_rows: int | None = None) -> None:
         check_pool(data_path)
         ds = Dataset(data_path)
@@ -135,14 +137,17 @@ class ClusterPool:
         n_seg = -(-self.n // most) if self.n else 1
         if workers:
             n_seg = -(-n_seg // len(workers)) * len(workers)
-        groups = np.array_split(np.arange(n_shards), min(max(n_seg, 1), max(n_shards, 1)))
-        self.bounds: list[tuple[int, int]] = [(bounds[g[0]], bounds[g[-1] + 1])
-                                              for g in groups if len(g)]
+        n_seg = min(max(n_seg, 1), max(n_shards, 1))
+        # cut at the shard boundaries nearest to equal shares of the rows
+        cuts = sorted({0, n_shards, *(int(np.abs(np.asarray(bounds) - i * self.n / n_seg)
+                                             .argmin()) for i in range(1, n_seg))})
+        self.bounds: list[tuple[int, int]] = [(bounds[a], bounds[b])
+                                              for a, b in itertools.pairwise(cuts)]
         where = spread([b - a for a, b in self.bounds], workers)
         t0 = time.perf_counter()
         fam_f = client.scatter(self.family, broadcast=True)
-        self.segments = [client.submit(fit_pool_segment, str(ds.path), a, b, fam_f, lists, seed,
-                                       pure=False, workers=None if w is None else [w],
+        self.segments = [client.submit(fit_pool_segment, str(ds.path), a, b, fam_f, lists,
+                                       window, seed, pure=False, workers=None if w is None else [w],
                                        allow_other_workers=True)
                          for (a, b), w in zip(self.bounds, where)]
         client.gather(self.segments)
@@ -186,8 +191,10 @@ class ClusterPool:
                      for s in self.segments]
         else:
             codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]))
-            parts = [self.client.submit(rank_segment, s, codes, payload, k, mode, candidates,
-                                        self.paired, pure=False) for s in self.segments]
+            shares = candidate_shares(candidates, [hi - lo for lo, hi in self.bounds])
+            parts = [self.client.submit(rank_segment, s, codes, payload, k, mode, c,
+                                        self.paired, pure=False)
+                     for s, c in zip(self.segments, shares)]
         res = self.client.gather(parts)
         dist, ids = merge_topk([r[0] for r in res], [r[1] for r in res], k)
         return dist[0], ids[0], sum(r[2] for r in res)

@@ -39,6 +39,7 @@ from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
 from lshdist.index.calibrate import Calibration, Point
 from lshdist.index.hyperplane import (
     RANK_CANDIDATES,
+    candidate_shares,
     encode_hyperplanes,
     encode_points,
     search_hyperplanes,
@@ -99,8 +100,9 @@ def search_segment(segment: PermutationIndex | PackedSegment, encoded: tasks.Enc
     H-Hash keys); a packed segment's parts are searched as the segments they were and merged
     by (margin, id)."""
     if isinstance(segment, PackedSegment):
-        each = [search_segment(p, encoded, k, mode, op, candidates, paired)
-                for p in segment.parts]
+        share = candidate_shares(candidates, [len(p) for p in segment.parts])
+        each = [search_segment(p, encoded, k, mode, op, c, paired)
+                for p, c in zip(segment.parts, share)]
         dist, ids = merge_topk([e[0] for e in each], [e[1] for e in each], k)
         return dist, ids, np.sum([e[2] for e in each], axis=0)
     codes, payload, _ = encoded
@@ -272,6 +274,9 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
     client.replicate([family_f])
     segs = load_segments(client, str(plan.index), m)
     held: list[Any] = [family_f, *segs]
+    # mode rank: the hyperplane's candidates shared by the segments in proportion to rows
+    shares = candidate_shares(cfg.candidates or RANK_CANDIDATES,
+                              [int(e["rows"]) for e in m["segments"]])
     try:
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
                            info={"mode": plan.mode, "hyperplanes": fam["name"],
@@ -287,10 +292,9 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
                 enc = client.submit(encode_chunk, plan.source[a:b] if array else plan.source,
                                     a, b, None if plan.ids is None else plan.ids[a:b],
                                     family_f, pure=False, retries=2)
-                parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op,
-                                       cfg.candidates or RANK_CANDIDATES,
+                parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op, c,
                                        fam["name"] == "h-hash", pure=False, retries=2)
-                         for s in segs]
+                         for s, c in zip(segs, shares)]
                 w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, str(tmp), c,
                                   pure=False, retries=2)
                 writers.append(w)

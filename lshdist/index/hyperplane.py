@@ -375,6 +375,14 @@ def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: Re
     return found
 
 
+def candidate_shares(candidates: int, rows: list[int]) -> list[int]:
+    """Rows re-ranked per segment when a hyperplane's ``candidates`` are shared by segments of
+    ``rows`` rows: in proportion, rounded up (at least 1 each), so that the total is the
+    asked-for number up to the rounding and does not grow with the number of segments."""
+    n = max(sum(rows), 1)
+    return [max(1, -(-int(candidates) * int(r) // n)) for r in rows]
+
+
 def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int,
                 *, candidates: int = RANK_CANDIDATES, paired: bool = True, n_threads: int = 1
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -388,11 +396,18 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
         raise InputError(f"paired angle scores need H-Hash keys (an even number of bits); the "
                          f"segment's keys have {index.bits_}")
     Q = qcodes.shape[0]
+    if qcodes.ndim != 2 or qcodes.shape[1] != index.codes_.shape[1]:
+        raise InputError(f"hyperplane keys have shape {qcodes.shape}; the segment's keys have "
+                         f"{index.codes_.shape[1]} words of 64 bits: hash the hyperplanes with "
+                         "the family the segment was built with")
+    if hasattr(index.payload_, "_local"):  # sparse payload: set up before threads share it
+        index.payload_._local()
 
     def run(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = part
         offsets, rows = rank_candidates(index.codes_, np.ascontiguousarray(qcodes[lo:hi]),
-                                        paired, int(candidates), int(index.bits_))
+                                        paired, int(candidates), int(index.bits_),
+                                        64 * int(index.codes_.shape[1]))
         dist, top = index.payload_.rerank(offsets, rows, qpayload.take(np.arange(lo, hi)), k,
                                           index.ids_)
         return dist, top

@@ -55,7 +55,8 @@ def _load(path: str, what: str) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.active import plot, run_active, summarize
+    from lshdist.active import check_active, plot, run_active, summarize
+    from lshdist.blocks import SparseBlock
     from lshdist.store.atomic import atomic_dir
 
     cfg = from_args(ActiveConfig, args)
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             result = _run_distributed(args, cfg, cluster, test, y_test)
         else:
             pool, y_pool = _load(args.pool, "pool")
+            check_active(y_pool, None if isinstance(pool, SparseBlock) else pool.shape[1], test,
+                         cfg)
             result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
             "methods", "rounds", "runs", "initial", "bits", "search", "candidates", "permutations",
@@ -90,10 +93,12 @@ def _run_distributed(args: argparse.Namespace, cfg: ActiveConfig, cluster: Clust
                      test: Any, y_test: Any) -> dict[str, Any]:
     """The pool checked on the driver (dense, ids = rows, labelled), then hashed and searched
     on the cluster; the driver reads only its labels."""
-    from lshdist.active import DistributedPool, run_active
+    from lshdist.active import DistributedPool, check_active, run_active
     from lshdist.cluster.active import check_pool
+    from lshdist.store.dataset import Dataset
 
     y_pool = check_pool(args.pool)
+    check_active(y_pool, Dataset(args.pool).d, test, cfg)
     if cfg.center:
         raise InputError("--center is not available with --distributed (the pool's rows are "
                          "hashed as given)")

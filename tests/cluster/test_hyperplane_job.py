@@ -85,16 +85,17 @@ def test_distributed_equals_one_process_per_segment_and_merge(job, tmp_path, fam
 
 @pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
 def test_rank_mode_equals_one_process_per_segment_and_merge(job, tmp_path, family):
-    """``--mode rank --candidates 40``: every segment's 40 rows of smallest angle score
-    re-ranked, merged by (margin, id), equal to three one-process indexes queried in mode
-    "rank" and merged; the results record the mode and the candidates.  Bugs caught: the
+    """``--mode rank --candidates 120``: shared by the three 300-row segments, every segment's
+    40 rows of smallest angle score re-ranked, merged by (margin, id), equal to three
+    one-process indexes queried in mode "rank" and merged; the results record the mode and
+    the candidates.  Bugs caught: the
     candidates option not reaching the workers, EH-Hash keys scored as H-Hash pairs."""
     root, X, ids, W = job
     assert _build(root, family, tmp_path / "idx") == 0
     k = 6
     assert main(["query", "--index", str(tmp_path / "idx"), "--hyperplanes", str(root / "W.npy"),
                  "--k", str(k), "--out", str(tmp_path / "res"), "--mode", "rank",
-                 "--candidates", "40", *CLUSTER]) == 0
+                 "--candidates", "120", *CLUSTER]) == 0
     _, nb, dist, cand = read_results(tmp_path / "res", np.arange(len(W)))
     parts_d, parts_i = [], []
     for s in range(3):
@@ -109,7 +110,7 @@ def test_rank_mode_equals_one_process_per_segment_and_merge(job, tmp_path, famil
     np.testing.assert_allclose(dist, np.take_along_axis(D, order, 1), rtol=1e-6)
     assert (cand == 120).all()
     info = json.loads((tmp_path / "res" / "results.json").read_text())["info"]
-    assert info["mode"] == "rank" and info["candidates"] == 40
+    assert info["mode"] == "rank" and info["candidates"] == 120
 
 
 def test_sparse_dataset_of_hyperplanes(tmp_path):

@@ -264,6 +264,22 @@ def test_rank_mode_reranks_exactly_its_candidates(sparse):
         idx.query(qrows, k, offsets=b, mode="rank", candidates=0)
     with pytest.raises(InputError, match="mode='ranked'"):
         idx.query(qrows, k, offsets=b, mode="ranked")
+    from lshdist.index.hyperplane import rank_search
+
+    with pytest.raises(InputError, match="paired angle scores need H-Hash keys"):
+        odd = HyperplaneIndex(family="eh-hash", bits=33, n_permutations=1).fit(X)
+        rank_search(odd.index_, encode_hyperplanes(odd.family_, W)[0], None, k, paired=True)
+    with pytest.raises(InputError, match="the segment's keys have 2 words"):
+        rank_search(idx.index_, qcodes[:, :1], None, k)
+
+
+def test_candidate_shares():
+    """--candidates shared by segments in proportion to rows, rounded up, at least 1 each."""
+    from lshdist.index.hyperplane import candidate_shares
+
+    assert candidate_shares(120, [300, 300, 300]) == [40, 40, 40]
+    assert candidate_shares(60, [300, 300, 300, 400]) == [14, 14, 14, 19]
+    assert candidate_shares(5, [1000, 1, 0]) == [5, 1, 1]
 
 
 def test_rank_mode_finds_small_margins_on_fashion(fashion):
@@ -299,6 +315,6 @@ def test_rank_mode_finds_small_margins_on_fashion(fashion):
     from lshdist.index.hyperplane import encode_hyperplanes
 
     qcodes, _ = encode_hyperplanes(idx.family_, W, b)
-    offsets, rows = rank_candidates(idx.index_.codes_, qcodes, True, 500, 1024)
+    offsets, rows = rank_candidates(idx.index_.codes_, qcodes, True, 500, 1024, 1024)
     cand_med = np.median([np.median(M[rows[offsets[q]:offsets[q + 1]], q]) for q in range(10)])
     assert cand_med < 0.7 * np.median(M)

@@ -25,6 +25,7 @@ def digits(tmp_path_factory):
     write_dataset(root / "pool", X[p[:1300]], y[p[:1300]], classes=classes)
     write_dataset(root / "test", X[p[1300:]], y[p[1300:]], classes=classes)
     write_dataset(root / "unlabelled", X[p[:50]])
+    write_dataset(root / "narrow", X[p[1300:], :60], y[p[1300:]], classes=classes)
     return root
 
 
@@ -71,7 +72,9 @@ def test_active_errors(digits, tmp_path, capsys):
                            (["--initial", "500"], "initial examples per class"),
                            (["--classes", "11"], "the pool has only 10 classes"),
                            (["--class-weight", "auto"], "expected one of balanced, none"),
-                           (["--eval-every", "0"], "--eval-every: '0': expected an integer >= 1")]:
+                           (["--eval-every", "0"], "--eval-every: '0': expected an integer >= 1"),
+                           (["--test", str(digits / "narrow")],
+                            "the test rows have 60 features, the pool's 64")]:
         capsys.readouterr()
         try:
             code = main([*base, *extra])
@@ -113,12 +116,13 @@ def test_margin_selection_beats_random_on_two_clusters():
 
 
 def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
-    """``--distributed`` (an in-process cluster, the pool in 300-row shards, segments of whole
-    shards up to 400 rows): the random method's learning curve is the one-process curve
-    exactly (the same rows fetched from the workers train the same SVMs), exhaustive selection
+    """``--distributed`` (an in-process cluster, the pool in 300-row shards, 4 segments of whole
+    shards cut nearest equal shares of the rows: 300, 300, 300, 400): the random method's
+    learning curve is the one-process curve exactly (the same rows fetched from the workers train the same SVMs), exhaustive selection
     picks points of the same margins, the hashed selection finds small margins from its
-    segments' merged top lists, and the summary states the bytes held per pool row.  Bugs caught: rows fetched from the
-    wrong segment (other SVMs), ids of a segment taken as rows of the pool, the bias dropped."""
+    segments' merged top lists, and the summary states the bytes held per pool row.  Bugs
+    caught: rows fetched from the wrong segment (other SVMs), ids of a segment taken as rows
+    of the pool, the bias dropped, --candidates re-ranked in every segment instead of shared."""
     from lshdist.cluster import active as cluster_active
     from lshdist.store.dataset import Dataset
 
@@ -141,24 +145,35 @@ def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
                                one["exhaustive"]["selected_margin_mean"], rtol=1e-4)
     assert dist["exhaustive"]["fraction_scanned"] == 1.0
     assert dist["h-hash"]["selected_margin_mean"] < 0.15 * dist["random"]["selected_margin_mean"]
-    # 4 segments (300, 300, 300 and 300 + 100 rows: whole shards, <= 400 rows) x 60 candidates
-    # re-ranked per hyperplane, of 1,300 rows
-    assert abs(dist["h-hash"]["fraction_scanned"] - 240 / 1300) < 1e-9
+    # 60 candidates per hyperplane shared by the segments in proportion to their rows, rounded
+    # up: 14 + 14 + 14 + 19 of 1,300 rows
+    assert abs(dist["h-hash"]["fraction_scanned"] - 61 / 1300) < 1e-9
     # keys (32 B) + the rows with their bias column (65 float32) + ids + a one-list index
     assert 32 + 65 * 4 + 8 < dist_s["bytes_per_pool_row"] < 32 + 65 * 4 + 40
 
 
-def test_distributed_errors(digits, tmp_path, capsys):
-    """Refused on the driver, before a cluster starts: a sparse pool, an unlabelled pool,
-    --center."""
+def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
+    """Refused on the driver, before a cluster starts (`client_for` is never called): a sparse
+    pool, an unlabelled pool, ids that are not rows, too many rounds, --center."""
+    import lshdist.cluster.client as client_mod
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a cluster was started before the inputs were checked")
+
+    monkeypatch.setattr(client_mod, "client_for", no_cluster)
     from scipy import sparse
 
     write_dataset(tmp_path / "sparse", sparse.csr_matrix(np.eye(20, dtype=np.float32)),
                   np.arange(20) % 2)
     base = ["active", "--test", str(digits / "test"), "--out", str(tmp_path / "o"),
             "--distributed", "--in-process", "--workers", "1"]
+    write_dataset(tmp_path / "ids", np.eye(20, dtype=np.float32), np.arange(20) % 2,
+                  ids=np.arange(20) + 5)
     for extra, message in [(["--pool", str(tmp_path / "sparse")], "holds sparse rows"),
                            (["--pool", str(digits / "unlabelled")], "has no labels"),
+                           (["--pool", str(tmp_path / "ids")], "not its row numbers"),
+                           (["--pool", str(digits / "pool"), "--rounds", "5000"],
+                            "rounds=5000: the pool has only"),
                            (["--pool", str(digits / "pool"), "--center"],
                             "--center is not available with --distributed")]:
         capsys.readouterr()
