@@ -118,7 +118,8 @@ def test_margin_selection_beats_random_on_two_clusters():
 def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
     """``--distributed`` (an in-process cluster, the pool in 300-row shards, 4 segments of whole
     shards cut nearest equal shares of the rows: 300, 300, 300, 400): the random method's
-    learning curve is the one-process curve exactly (the same rows fetched from the workers train the same SVMs), exhaustive selection
+    learning curve is the one-process curve exactly (the same rows fetched from the workers
+    train the same SVMs), exhaustive selection
     picks points of the same margins, the hashed selection finds small margins from its
     segments' merged top lists, and the summary states the bytes held per pool row.  Bugs
     caught: rows fetched from the wrong segment (other SVMs), ids of a segment taken as rows
