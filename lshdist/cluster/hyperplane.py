@@ -32,6 +32,7 @@ from lshdist.cluster.pipeline import (
     index_model_meta,
     load_segments,
     plan_build,
+    query_chunks,
 )
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import InputError
@@ -286,9 +287,11 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
                                     if plan.mode == "rank" else {})}
                            ) as tmp:
             writers = []
-            for c, a in enumerate(range(0, plan.n, cfg.query_chunk)):
-                b = min(plan.n, a + cfg.query_chunk)
-                array = isinstance(plan.source, np.ndarray)
+            array = isinstance(plan.source, np.ndarray)
+            # a dataset's chunks never straddle its shards (`query_chunks`)
+            bounds = ([0, plan.n] if array else [int(x) for x in
+                                                 Dataset(str(plan.source)).shard_bounds])
+            for c, (a, b) in enumerate(query_chunks(bounds, cfg.query_chunk)):
                 enc = client.submit(encode_chunk, plan.source[a:b] if array else plan.source,
                                     a, b, None if plan.ids is None else plan.ids[a:b],
                                     family_f, pure=False, retries=2)
