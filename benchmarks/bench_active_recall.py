@@ -13,6 +13,8 @@ rows re-ranked; ``BENCH_SEARCH=lists,rank``).  Exhaustive: one float32 product w
 (dense) or the CSR pool (sparse), per hyperplane, timed the same way.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_active_recall.py
+
+``BENCH_NAME`` names the results file (default ``active_recall_{BENCH_DATA}``).
 """
 
 import common  # noqa: I001  (first: pins threads before numpy loads)
@@ -117,7 +119,7 @@ def main():
                                  "query ms": 1e3 * np.mean(secs),
                                  "exhaustive ms": exhaustive_ms, "build s": build})
                     print(rows[-1], flush=True)
-    common.write_results(f"active_recall_{DATA}", {"recall": rows},
+    common.write_results(os.environ.get("BENCH_NAME", f"active_recall_{DATA}"), {"recall": rows},
                          title=f"Hyperplane search recall on the active-learning pool ({DATA})")
 
 
