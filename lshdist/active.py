@@ -331,7 +331,7 @@ def _select(method: str, P: LocalPool | DistributedPool, labelled: np.ndarray, w
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Learning curves: the improvement in binary AUROC over round 0, averaged over the classes
     of a run, then mean and std over runs; the same for multi-class accuracy.  Per method:
-    mean selection time per round, selected margin and fraction scanned, and the ratios to
+    mean (and median) selection time per round and selected margin, fraction scanned, and the ratios to
     exhaustive selection (final AUROC improvement, selection time) when it ran."""
     out: dict[str, Any] = {"n_pool": result["n_pool"], "classes": result["classes"],
                            "methods": {}}
@@ -355,7 +355,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "initial_accuracy": float(rec["accuracy"][:, 0].mean()),
             "final_accuracy": float(rec["accuracy"][:, -1].mean()),
             "selection_seconds_per_round": float(np.nanmean(rec["seconds"])),
+            # medians: a few far selections (or a busy machine's slow rounds) move the means
+            "selection_seconds_per_round_median": float(np.nanmedian(rec["seconds"])),
             "selected_margin_mean": float(np.nanmean(rec["margin"])),
+            "selected_margin_median": float(np.nanmedian(rec["margin"])),
             "fraction_scanned": float(np.nanmean(rec["scanned"])),
             "index_build_seconds": result["build_seconds"].get(m),
         }

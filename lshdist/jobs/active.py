@@ -83,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{m:>10}: AUROC +{v['final_auroc_improvement']:.4f} "
                          f"± {v['final_auroc_improvement_std']:.4f}, accuracy "
                          f"{v['final_accuracy']:.4f}, selection "
-                         f"{1e3 * v['selection_seconds_per_round']:.2f} ms/round, margin "
-                         f"{v['selected_margin_mean']:.4f}, scanned "
+                         f"{1e3 * v['selection_seconds_per_round']:.2f} ms/round (median "
+                         f"{1e3 * v['selection_seconds_per_round_median']:.2f}), margin "
+                         f"{v['selected_margin_mean']:.4f} (median "
+                         f"{v['selected_margin_median']:.4f}), scanned "
                          f"{100 * v['fraction_scanned']:.1f}%\n")
     return 0
 

@@ -60,6 +60,8 @@ def test_active_learning_job(digits, tmp_path, search):
     assert margin["eh-hash"] < 0.3 * margin["random"], margin
     if search[1] == "rank":
         assert margin["h-hash"] < 0.15 * margin["random"], margin
+    med = {k: v["selected_margin_median"] for k, v in m.items()}
+    assert med["exhaustive"] <= med["h-hash"] < 0.5 * med["random"], med
     # hashing computes margins for a part of the pool only
     assert m["h-hash"]["fraction_scanned"] < 0.15 and m["exhaustive"]["fraction_scanned"] > 0.9
 
