@@ -412,7 +412,8 @@ class QueryConfig(Section):
                     "auto: what the index's calibration chose (hashed, or the exact scan where "
                     "that is no slower); hash; or scan, the exact distributed linear scan; "
                     "rank (--hyperplanes only): every key's angle score, the --candidates "
-                    "smallest per segment re-ranked (default 500)")
+                    "smallest re-ranked (default 500, shared by the segments in proportion "
+                    "to their rows)")
     target_recall: float | None = opt(None, _optional(_float(0.0, 1.0)),
                                       "another operating point of the index's calibration "
                                       "curve (default: the one chosen at build time)",
@@ -425,8 +426,9 @@ class QueryConfig(Section):
                             metavar="N")
     candidates: int | None = opt(None, _optional(POSITIVE),
                                  "subspace index: members re-ranked per probed group (default: "
-                                 "the index's); --mode rank: rows re-ranked per hyperplane and "
-                                 "segment (default 500)", metavar="H")
+                                 "the index's); --mode rank: rows re-ranked per hyperplane, "
+                                 "shared by the segments in proportion to their rows (default "
+                                 "500)", metavar="H")
 
 
 @dataclass(frozen=True)
@@ -525,6 +527,10 @@ class ActiveConfig(Section):
     center: bool = opt(False, _flag(), "hash the pool rows centred on the pool mean (dense "
                        "pools only; default: as given, which searched better on Fashion-MNIST)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
+    distributed: bool = opt(False, _flag(), "hash the pool on the cluster (the cluster options; "
+                            "default a LocalCluster) and select with tasks, the pool's rows "
+                            "held by the workers; dense pools.  Default: everything in this "
+                            "process")
 
     def __post_init__(self) -> None:
         names = tuple(m.strip() for m in self.methods.split(","))
@@ -660,6 +666,9 @@ class RunConfig:
     query: QueryConfig = field(default_factory=QueryConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    #: an active-learning run (``active:`` section): the train split is the pool, the test
+    #: split the test rows; learn, index, query and evaluate do not apply
+    active: ActiveConfig | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -755,7 +764,8 @@ def from_mapping(cls: type[T], values: Any, *, where: str) -> T:
         raise InputError(f"{where}: {exc}") from None
 
 
-_RUN_SECTIONS = {"name", "workdir", "cluster", "data", "learn", "index", "query", "evaluate"}
+_RUN_SECTIONS = {"name", "workdir", "cluster", "data", "learn", "index", "query", "evaluate",
+                 "active"}
 _JOB_SECTIONS = {"workdir", "allow_outside_workdir", "paths", "index", "query", "daily",
                  "cluster"}
 
@@ -804,6 +814,12 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
     name = raw.get("name", "")
     if not isinstance(name, str):
         raise InputError(f"{where}.name: expected a string, got {name!r}")
+    if "active" in raw:
+        other = sorted({"learn", "index", "query", "evaluate"} & set(raw))
+        if other:
+            raise InputError(f"{where}: an 'active' run takes no {other} section(s) (active "
+                             "learning hashes the pool itself); remove them, or the 'active' "
+                             "section for a k-NN run")
     return RunConfig(
         workdir=Path(raw["workdir"]), name=name,
         train=from_mapping(DataSpec, data["train"], where=f"{where}.data.train"),
@@ -813,6 +829,8 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
         query=from_mapping(QueryConfig, raw.get("query"), where=f"{where}.query"),
         evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), where=f"{where}.evaluate"),
         cluster=from_mapping(ClusterConfig, raw.get("cluster"), where=f"{where}.cluster"),
+        active=None if "active" not in raw else from_mapping(ActiveConfig, raw["active"],
+                                                              where=f"{where}.active"),
     )
 
 

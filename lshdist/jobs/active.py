@@ -33,11 +33,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the unlabelled pool (its labels are the oracle)")
     p.add_argument("--test", required=True, metavar="DATASET", help="labelled test rows")
     p.add_argument("--out", required=True, metavar="DIR", help="the output directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is the output of an earlier `lshdist active`")
     add_options(p, ActiveConfig, title="active learning")
-    p.add_argument("--distributed", action="store_true",
-                   help="hash the pool on the cluster (the cluster options below; default a "
-                        "LocalCluster) and select with tasks, the pool's rows held by the "
-                        "workers; dense pools.  Default: everything in this process")
     add_cluster_options(p)
     p.set_defaults(func=run)
     return p
@@ -55,25 +53,35 @@ def _load(path: str, what: str) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.active import check_active, plot, run_active, summarize
-    from lshdist.blocks import SparseBlock
-    from lshdist.store.atomic import atomic_dir
-
     cfg = from_args(ActiveConfig, args)
     cluster = from_args(ClusterConfig, args)
-    test, y_test = _load(args.test, "test")
-    with atomic_dir(args.out, inputs=(args.pool, args.test)) as tmp:
-        if args.distributed:
-            result = _run_distributed(args, cfg, cluster, test, y_test)
+    active_job(args.pool, args.test, args.out, cfg, cluster, overwrite=args.overwrite)
+    return 0
+
+
+def active_job(pool_path: str, test_path: str, out: Any, cfg: ActiveConfig,
+               cluster: ClusterConfig, *, overwrite: bool = False) -> dict[str, Any]:
+    """Run the active-learning experiment of ``cfg`` (`lshdist active`, and `lshdist run` with
+    an ``active:`` section), write OUT (``summary.json`` and the plots, atomically) and report
+    one line per method.  Returns the summary."""
+    from lshdist.active import check_active, plot, run_active, summarize
+    from lshdist.blocks import SparseBlock
+    from lshdist.store.atomic import atomic_dir, check_output
+
+    check_output(out, overwrite, kind=FORMAT, inputs=(pool_path, test_path))  # before any work
+    test, y_test = _load(test_path, "test")
+    with atomic_dir(out, overwrite=overwrite, kind=FORMAT, inputs=(pool_path, test_path)) as tmp:
+        if cfg.distributed:
+            result = _run_distributed(pool_path, cfg, cluster, test, y_test)
         else:
-            pool, y_pool = _load(args.pool, "pool")
+            pool, y_pool = _load(pool_path, "pool")
             check_active(y_pool, None if isinstance(pool, SparseBlock) else pool.shape[1], test,
                          cfg)
             result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
             "methods", "rounds", "runs", "initial", "bits", "search", "candidates", "permutations",
             "window", "eh_samples", "C", "class_weight", "classes", "eval_every", "center",
-            "seed")}, "distributed": bool(args.distributed),
+            "seed")}, "distributed": bool(cfg.distributed),
             **summarize(result)}
         if "bytes_per_pool_row" in result:
             summary["bytes_per_pool_row"] = result["bytes_per_pool_row"]
@@ -88,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
                          f"{v['selected_margin_mean']:.4f} (median "
                          f"{v['selected_margin_median']:.4f}), scanned "
                          f"{100 * v['fraction_scanned']:.1f}%\n")
-    return 0
+    return summary
 
 
-def _run_distributed(args: argparse.Namespace, cfg: ActiveConfig, cluster: ClusterConfig,
+def _run_distributed(pool_path: str, cfg: ActiveConfig, cluster: ClusterConfig,
                      test: Any, y_test: Any) -> dict[str, Any]:
     """The pool checked on the driver (dense, ids = rows, labelled), then hashed and searched
     on the cluster; the driver reads only its labels."""
@@ -99,13 +107,13 @@ def _run_distributed(args: argparse.Namespace, cfg: ActiveConfig, cluster: Clust
     from lshdist.cluster.active import check_pool
     from lshdist.store.dataset import Dataset
 
-    y_pool = check_pool(args.pool)
-    check_active(y_pool, Dataset(args.pool).d, test, cfg)
+    y_pool = check_pool(pool_path)
+    check_active(y_pool, Dataset(pool_path).d, test, cfg)
     if cfg.center:
         raise InputError("--center is not available with --distributed (the pool's rows are "
                          "hashed as given)")
     with client_from_config(cluster) as client:
-        dp = DistributedPool(client, args.pool, cfg)
+        dp = DistributedPool(client, pool_path, cfg)
         try:
             result = run_active(None, y_pool, test, y_test, settings=cfg, progress=log.info,
                                 distributed=dp)

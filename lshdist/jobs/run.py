@@ -1,4 +1,5 @@
-"""``lshdist run CONFIG``: ingest (if needed) -> learn -> index -> query -> evaluate, from YAML.
+"""``lshdist run CONFIG``: ingest (if needed) -> learn -> index -> query -> evaluate, from YAML
+(or, with an ``active:`` section, ingest -> `lshdist active`; `configs/active-*.yaml`).
 
 A config (see ``configs/``; every key is checked, see `lshdist.config`)::
 
@@ -133,6 +134,8 @@ def prepare_workdir(work: Path, fresh: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config)
+    if cfg.active is not None:
+        return run_active_config(cfg, args.fresh)
     if cfg.index.family is not None:
         raise InputError(f"{args.config}: index.family ({cfg.index.family}) builds an index for "
                          "hyperplane queries, which `lshdist run` does not evaluate; use "
@@ -195,6 +198,24 @@ def run(args: argparse.Namespace) -> int:
         _plots(train, test, model, cfg, work)
     _print_report(cfg, train, test, ks, scan, found, times)
     sys.stdout.write(validation_line(learned) + "\n")
+    return 0
+
+
+def run_active_config(cfg: RunConfig, fresh: bool) -> int:
+    """An ``active:`` run: the train split ingested as the pool (its labels the oracle), the
+    test split as the test rows, then `lshdist active` into ``workdir/active``."""
+    from lshdist.jobs.active import FORMAT, active_job
+
+    assert cfg.active is not None
+    work = cfg.workdir
+    prepare_workdir(work, fresh)
+    t = time.perf_counter()
+    train = ingest_split(cfg.train, work / "train", None)
+    test = ingest_split(cfg.test, work / "test", work / "train")
+    log.info("ingest: %.1fs", time.perf_counter() - t)
+    out = work / "active"
+    active_job(str(train.path), str(test.path), out, cfg.active, cfg.cluster,
+               overwrite=out.exists() and artefact_kind(out) == FORMAT)
     return 0
 
 

@@ -26,6 +26,7 @@ MARKERS = {
     "lshdist-results": "results.json",
     "lshdist-evaluation": ".lshdist.json",
     "lshdist-workdir": ".lshdist.json",
+    "lshdist-active": "summary.json",
 }
 
 

@@ -86,6 +86,28 @@ def test_active_errors(digits, tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_active_output_is_replaced_only_when_it_is_one(digits, tmp_path, capsys):
+    """An existing OUT is refused without --overwrite, and even with it unless it is the output
+    of an earlier `lshdist active` (a user's directory is never deleted)."""
+    out = tmp_path / "o"
+    cmd = ["active", "--pool", str(digits / "pool"), "--test", str(digits / "test"), "--out",
+           str(out), "--methods", "random", "--rounds", "2", "--runs", "1", "--classes", "2"]
+    assert main(cmd) == 0
+    first = (out / "summary.json").read_text()
+    capsys.readouterr()
+    assert main(cmd) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main([*cmd, "--overwrite", "--seed", "1"]) == 0
+    assert (out / "summary.json").read_text() != first  # replaced by the seed-1 run
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    capsys.readouterr()
+    assert main([*cmd[:6], str(mine), *cmd[7:], "--overwrite"]) == 2
+    assert "not an lshdist artefact" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "precious"
+
+
 def _two_clusters(seed, n):
     rng = np.random.default_rng(seed)
     y = (rng.random(n) < 0.5).astype(np.int64)

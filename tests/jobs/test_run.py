@@ -36,9 +36,13 @@ def test_every_config_parses(monkeypatch, tmp_path):
     from lshdist.config import load_run_config
 
     monkeypatch.setenv("LSHDIST_DATA_DIR", str(tmp_path))
+    names = []
     for f in CONFIGS.glob("*.yaml"):
         cfg = load_run_config(str(f))
-        assert cfg.index.given_ and cfg.train.shard_rows >= 1
+        assert (cfg.active.given_ if cfg.active else cfg.index.given_) and \
+            cfg.train.shard_rows >= 1
+        names.append(f.stem)
+    assert {"active-20newsgroups", "active-fashion-mnist", "digits"} <= set(names)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -48,6 +52,12 @@ def test_every_config_parses(monkeypatch, tmp_path):
     ("[1, 2", "is not valid YAML"),
     ("workdir: x\ndata: {train: {inputs: ['${NO_SUCH_VAR_XYZ}/a']}, test: {builtin: digits}}\n",
      "unset environment variable"),
+    ("workdir: x\ndata: {train: {builtin: digits}, test: {builtin: digits}}\nactive: {}\n"
+     "learn: {}\n", r"an 'active' run takes no \['learn'\] section"),
+    ("workdir: x\ndata: {train: {builtin: digits}, test: {builtin: digits}}\n"
+     "active: {rounds: 0}\n", r"active\.rounds: expected .*, got 0"),
+    ("workdir: x\ndata: {train: {builtin: digits}, test: {builtin: digits}}\n"
+     "active: {methods: 'h-hash,bogus'}\n", r"methods='h-hash,bogus'"),
 ])
 def test_bad_configs(tmp_path, capsys, text, message):
     path = tmp_path / "c.yaml"
@@ -99,3 +109,28 @@ def test_run_refuses_a_workdir_it_does_not_own(tmp_path, capsys):
     assert main(["run", str(cfg), "--fresh"]) == 2
     assert "is not an lshdist workdir" in capsys.readouterr().err
     assert (work / "thesis.tex").read_text() == "precious"
+
+
+def test_run_active_config_end_to_end(tmp_path, capsys):
+    """An ``active:`` run ingests the splits and runs `lshdist active` into workdir/active; a
+    second run replaces that output (its own kind), and the summary is the job's."""
+    work = tmp_path / "work"
+    cfg = {"name": "active-digits", "workdir": str(work),
+           "data": {"train": {"builtin": "digits", "shard_rows": 500},
+                    "test": {"builtin": "digits", "shard_rows": 500}},
+           "active": {"methods": "h-hash,exhaustive,random", "rounds": 4, "runs": 1,
+                      "bits": 256, "classes": 3}}
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for _ in range(2):
+        assert main(["run", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert "h-hash: AUROC" in out and "exhaustive: AUROC" in out
+        summary = json.loads((work / "active" / "summary.json").read_text())
+        assert summary["format"] == "lshdist-active" and summary["settings"]["rounds"] == 4
+        assert summary["classes"] == [0, 1, 2] and summary["n_pool"] == 1500
+        m = summary["methods"]
+        # one selection per class and round; the exhaustive one is the pool's smallest margin
+        assert m["exhaustive"]["selected_margin_mean"] <= m["h-hash"]["selected_margin_mean"]
+        assert m["exhaustive"]["fraction_scanned"] == 1.0
+    assert (work / "train").exists() and (work / "test").exists()
