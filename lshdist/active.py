@@ -331,8 +331,8 @@ def _select(method: str, P: LocalPool | DistributedPool, labelled: np.ndarray, w
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Learning curves: the improvement in binary AUROC over round 0, averaged over the classes
     of a run, then mean and std over runs; the same for multi-class accuracy.  Per method:
-    mean (and median) selection time per round and selected margin, fraction scanned, and the ratios to
-    exhaustive selection (final AUROC improvement, selection time) when it ran."""
+    mean (and median) selection time per round and selected margin, fraction scanned, and the
+    ratios to exhaustive selection (final AUROC improvement, selection time) when it ran."""
     out: dict[str, Any] = {"n_pool": result["n_pool"], "classes": result["classes"],
                            "methods": {}}
     for m, rec in result["records"].items():
