@@ -217,7 +217,7 @@ class HHash(HyperplaneFamily):
             P = self._linear(B)
         else:
             # float32 coefficients: a hyperplane query reads all bits x dims of them, and at
-            # 1,024 bits x 785 the float64 matrix (12.9 MB) cost more than the pool's keys
+            # 1,024 bits x 786 the float64 matrix (6.4 MB) is as many bytes as the pool's keys
             # (Fashion-MNIST: 0.14 -> 0.07 ms warm, more when the product evicted it); a sign
             # changes only where |u^T w| < 1e-6 |u||w|, at random either way
             if self._R is None:
