@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 def run_active_config(cfg: RunConfig, fresh: bool) -> int:
     """An ``active:`` run: the train split ingested as the pool (its labels the oracle), the
     test split as the test rows, then `lshdist active` into ``workdir/active``."""
-    from lshdist.jobs.active import FORMAT, active_job
+    from lshdist.jobs.active import active_job
 
     assert cfg.active is not None
     work = cfg.workdir
@@ -214,8 +214,9 @@ def run_active_config(cfg: RunConfig, fresh: bool) -> int:
     test = ingest_split(cfg.test, work / "test", work / "train")
     log.info("ingest: %.1fs", time.perf_counter() - t)
     out = work / "active"
+    # an earlier run's output is replaced; anything else there is refused (check_output)
     active_job(str(train.path), str(test.path), out, cfg.active, cfg.cluster,
-               overwrite=out.exists() and artefact_kind(out) == FORMAT)
+               overwrite=out.exists())
     return 0
 
 

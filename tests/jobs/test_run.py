@@ -134,3 +134,12 @@ def test_run_active_config_end_to_end(tmp_path, capsys):
         assert m["exhaustive"]["selected_margin_mean"] <= m["h-hash"]["selected_margin_mean"]
         assert m["exhaustive"]["fraction_scanned"] == 1.0
     assert (work / "train").exists() and (work / "test").exists()
+    # something else under workdir/active is never replaced
+    import shutil
+
+    shutil.rmtree(work / "active")
+    (work / "active").mkdir()
+    (work / "active" / "notes.txt").write_text("precious")
+    assert main(["run", str(path)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert (work / "active" / "notes.txt").read_text() == "precious"
