@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,22 @@ def _svc(C: float, class_weight: str, seed: int) -> Any:
         raise InputError("lshdist active needs scikit-learn (pip install 'lshdist[test]')"
                          ) from None
     return LinearSVC(C=C, class_weight=None if class_weight == "none" else class_weight,
-                     random_state=seed, dual="auto", max_iter=5000)
+                     random_state=seed, dual="auto", max_iter=SVM_MAX_ITER)
+
+
+#: liblinear's iteration cap; a fit that reaches it is counted (``svm_unconverged``)
+SVM_MAX_ITER = 5000
+
+
+def _fit(clf: Any, X: Any, y: np.ndarray) -> bool:
+    """Fit; True when liblinear converged (scikit-learn's per-fit ConvergenceWarning is
+    counted into the summary and logged once per run instead of printed at every round)."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, y)
+    return int(np.max(clf.n_iter_)) < SVM_MAX_ITER
 
 
 def _rows(X: Block) -> Any:
@@ -212,8 +228,9 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
 
     Returns
     -------
-    dict with ``records``: ``{method: {"auroc", "seconds", "margin", "scanned": float
-    (runs, classes, rounds + 1); "accuracy": float (runs, rounds + 1)}}`` (round 0 = before any
+    dict with ``records``: ``{method: {"auroc", "seconds", "margin", "scanned",
+    "unconverged" (1 where the SVM fit stopped at the iteration cap): float (runs, classes,
+    rounds + 1); "accuracy": float (runs, rounds + 1)}}`` (round 0 = before any
     selection; selection figures at round r are those of the point labelled before it),
     ``build_seconds`` per hashing method, ``n_pool``, ``classes`` (the class codes run).
     """
@@ -240,6 +257,7 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
     out: dict[str, dict[str, np.ndarray]] = {m: {
         **{k: np.full((s.runs, C, R + 1), np.nan)
            for k in ("auroc", "seconds", "margin", "scanned")},
+        "unconverged": np.zeros((s.runs, C, R + 1)),
         "accuracy": np.full((s.runs, R + 1), np.nan)} for m in methods}
     in_run = np.isin(y_test, classes)  # multi-class accuracy: test rows of the classes run
     for run in range(s.runs):
@@ -256,7 +274,9 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                 D = np.empty((C, int(in_run.sum())))
                 for ci, c in enumerate(classes):
                     rows = np.flatnonzero(labelled[ci])
-                    clf = _svc(s.C, s.class_weight, s.seed).fit(P.rows(rows), y_pool[rows] == c)
+                    clf = _svc(s.C, s.class_weight, s.seed)
+                    if not _fit(clf, P.rows(rows), y_pool[rows] == c):
+                        rec["unconverged"][run, ci, r] = 1.0
                     w = np.asarray(clf.coef_, np.float64).ravel()
                     b = float(np.asarray(clf.intercept_).ravel()[0])
                     if evaluate:
@@ -278,6 +298,12 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                 if progress and r % 50 == 0:
                     progress(f"run {run + 1}/{s.runs} {m} round {r}/{R}: mean AUROC "
                              f"{np.mean(rec['auroc'][run, :, r]):.4f}")
+            missed = int(rec["unconverged"][run].sum())
+            if missed:
+                log.warning("run %d/%d %s: %d of %d SVM fits stopped at liblinear's %d "
+                            "iterations without converging (features on a large scale "
+                            "converge slowly: rows scaled to [0, 1] do better)", run + 1, s.runs,
+                            m, missed, C * (R + 1), SVM_MAX_ITER)
             if progress:
                 progress(f"run {run + 1}/{s.runs} {m}: mean AUROC "
                          f"{np.mean(rec['auroc'][run, :, 0]):.4f} -> "
@@ -360,6 +386,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "selected_margin_mean": float(np.nanmean(rec["margin"])),
             "selected_margin_median": float(np.nanmedian(rec["margin"])),
             "fraction_scanned": float(np.nanmean(rec["scanned"])),
+            # SVM fits that stopped at the iteration cap, of all fits
+            "svm_unconverged": float(np.mean(rec["unconverged"])),
             "index_build_seconds": result["build_seconds"].get(m),
         }
     ex = out["methods"].get("exhaustive")

@@ -95,7 +95,9 @@ def active_job(pool_path: str, test_path: str, out: Any, cfg: ActiveConfig,
                          f"{1e3 * v['selection_seconds_per_round_median']:.2f}), margin "
                          f"{v['selected_margin_mean']:.4f} (median "
                          f"{v['selected_margin_median']:.4f}), scanned "
-                         f"{100 * v['fraction_scanned']:.1f}%\n")
+                         f"{100 * v['fraction_scanned']:.1f}%"
+                         + (f", SVM fits unconverged {100 * v['svm_unconverged']:.1f}%"
+                            if v["svm_unconverged"] else "") + "\n")
     return summary
 
 

@@ -108,6 +108,35 @@ def test_active_output_is_replaced_only_when_it_is_one(digits, tmp_path, capsys)
     assert (mine / "notes.txt").read_text() == "precious"
 
 
+def test_unconverged_svm_fits_are_counted_not_printed(digits, tmp_path, capsys, monkeypatch,
+                                                     caplog):
+    """A LinearSVC fit that stops at the iteration cap is counted in the summary and logged
+    once per run and method, not warned at every fit (a 300-round Fashion-MNIST run printed
+    ~1,600 ConvergenceWarnings).  Bug caught: the count lost, or warnings still raised."""
+    import warnings
+
+    import lshdist.active as active
+
+    monkeypatch.setattr(active, "SVM_MAX_ITER", 1)
+    out = tmp_path / "o"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any ConvergenceWarning reaching the user fails
+        assert main(["active", "--pool", str(digits / "pool"), "--test", str(digits / "test"),
+                     "--out", str(out), "--methods", "random", "--rounds", "3", "--runs", "2",
+                     "--classes", "2"]) == 0
+    m = json.loads((out / "summary.json").read_text())["methods"]["random"]
+    assert m["svm_unconverged"] == 1.0  # every fit of 2 runs x 2 classes x 4 rounds
+    assert "SVM fits unconverged 100.0%" in capsys.readouterr().out
+    assert sum("SVM fits stopped at liblinear's 1 iterations" in r.message
+               for r in caplog.records) == 2  # once per run
+    monkeypatch.setattr(active, "SVM_MAX_ITER", 5000)
+    assert main(["active", "--pool", str(digits / "pool"), "--test", str(digits / "test"),
+                 "--out", str(tmp_path / "p"), "--methods", "random", "--rounds", "3",
+                 "--runs", "1", "--classes", "2"]) == 0
+    m = json.loads((tmp_path / "p" / "summary.json").read_text())["methods"]["random"]
+    assert m["svm_unconverged"] == 0.0
+
+
 def _two_clusters(seed, n):
     rng = np.random.default_rng(seed)
     y = (rng.random(n) < 0.5).astype(np.int64)
