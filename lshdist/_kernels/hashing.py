@@ -80,6 +80,61 @@ def pack_signs(P):
 
 
 @njit(cache=True, nogil=True)
+def pack_signs_exact(P, X, xnorm, Wt, off, wtol, otol):
+    """The keys of ``T = X Wt^T - off`` packed like `pack_signs`, with every sign that of T
+    summed in float64 in one fixed order, from ``P``, the same product computed in float32 by
+    BLAS.
+
+    BLAS's float32 result for a row depends on where that row sits in the call (its kernels
+    sum rows at different positions of a block in different orders: OpenBLAS 0.3.31 does), so
+    its signs near 0 would depend on the chunking.  An entry with
+    ``|P| > |x| wtol + otol`` (``wtol = tol |w|``, ``otol = tol |off|``, tol above the float32
+    product's error bound ``(d + 2) u``) already has T's sign; a word holding any other entry
+    -- about ``d u`` of the entries -- is redone with those entries recomputed: products of
+    float32 values are exact in float64, summed in a fixed order (four partial sums by feature
+    index mod 4; ``Wt`` is (b, d), a row per hash vector).  The key then depends on the row
+    alone.  Whether an entry is recomputed may depend on the chunking (P and ``xnorm`` do);
+    its bit does not: either way it is T's sign."""
+    n, b = P.shape
+    d = X.shape[1]
+    w = (b + 63) // 64
+    out = np.zeros((n, w), dtype=np.uint64)
+    d4 = d - d % 4
+    for r in range(n):
+        xn = xnorm[r]
+        for j in range(w):
+            lo = j * 64
+            hi = min(lo + 64, b)
+            v = np.uint64(0)
+            near = False
+            for i in range(lo, hi):
+                p = P[r, i]
+                v = (v << _ONE) | np.uint64(p >= 0)
+                near |= abs(p) <= xn * wtol[i] + otol[i]
+            if near:
+                v = np.uint64(0)
+                for i in range(lo, hi):
+                    p = P[r, i]
+                    bit = p >= 0
+                    if abs(p) <= xn * wtol[i] + otol[i]:
+                        t0 = 0.0
+                        t1 = 0.0
+                        t2 = 0.0
+                        t3 = 0.0
+                        for k in range(0, d4, 4):
+                            t0 += np.float64(X[r, k]) * np.float64(Wt[i, k])
+                            t1 += np.float64(X[r, k + 1]) * np.float64(Wt[i, k + 1])
+                            t2 += np.float64(X[r, k + 2]) * np.float64(Wt[i, k + 2])
+                            t3 += np.float64(X[r, k + 3]) * np.float64(Wt[i, k + 3])
+                        for k in range(d4, d):
+                            t0 += np.float64(X[r, k]) * np.float64(Wt[i, k])
+                        bit = ((t0 + t1) + (t2 + t3) - np.float64(off[i])) >= 0
+                    v = (v << _ONE) | np.uint64(bit)
+            out[r, j] = v << np.uint64(64 - (hi - lo)) if hi - lo < 64 else v
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _prefix_tables(positions):
     """Byte tables of a permutation: the distinct key bytes its positions read (``src``) and,
     per such byte and byte value, that byte's bits placed where the prefix wants them."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lshdist._kernels.hashing import gaussian_rows, pack_signs
+from lshdist._kernels.hashing import gaussian_rows, pack_signs, pack_signs_exact
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
 from lshdist.errors import InputError
 from lshdist.limits import MAX_BITS
@@ -19,8 +19,7 @@ from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 if TYPE_CHECKING:
     from lshdist.protocols import Metric
 
-#: rows projected at once by `HashFamily.hash`: every BLAS call has this shape (so a row's
-#: key does not depend on the chunking); a (rows, b) float32 block stays in cache
+#: rows projected at once by `HashFamily.hash`: a (rows, b) float32 block stays in cache
 HASH_BLOCK_ROWS = 256
 
 
@@ -54,8 +53,10 @@ class HashFamily:
     """Base: b bits from ``project``."""
 
     name = "base"
-    #: dense rows are hashed in fixed-size blocks (`hash`): set by the float32 BLAS families
-    fixed_blocks = False
+    #: dense rows are projected by float32 BLAS (`_f32_terms`) with exact signs near 0 (`hash`)
+    float32_blas = False
+    #: (W^T, tol |w|, tol |off|) of `hash`'s exact signs, made at the first call
+    _exact: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     bits: int
     seed: int
     #: the metric whose candidates are re-ranked (None: a baseline family without one)
@@ -64,28 +65,38 @@ class HashFamily:
     def project(self, X: RowsLike) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def _f32_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Float32 families: the rows as float32, ``W`` (d, b) and ``off`` (b,) float32 with
+        ``project(X) = X W - off``."""  # pragma: no cover - interface
+        raise NotImplementedError
+
     def hash(self, X: RowsLike) -> np.ndarray:
         """Packed keys, uint64 (n, ceil(bits / 64)).
 
-        Dense rows of the float32 families are projected in blocks of exactly
-        `HASH_BLOCK_ROWS` rows (the last one padded with zero rows): BLAS then multiplies every
-        row with the same kernel and summation order whatever the number of rows asked, so a
-        row's key does not depend on how the rows were chunked (shards, segments, query
-        batches) — float32 rounding near 0 would otherwise flip a bit between chunkings."""
-        if self.fixed_blocks and isinstance(X, np.ndarray) and X.ndim == 2:
-            n = len(X)
+        Dense rows of the float32 families are projected by BLAS in blocks of
+        `HASH_BLOCK_ROWS` rows, and every sign within float32 rounding of 0 is settled by the
+        float64 product summed in one fixed order (`pack_signs_exact`): a row's key does not
+        depend on how the rows were chunked (shards, segments, query batches) nor on the BLAS
+        build or CPU -- BLAS kernels sum a row differently by its position in the block."""
+        if self.float32_blas and isinstance(X, np.ndarray) and X.ndim == 2:
+            X32, W, off = self._f32_terms(X)
+            if self._exact is None:
+                # twice the error bound (d + 2) u of a float32 product of length d, then the
+                # subtraction, rounded up to float32 (the comparison's precision)
+                tol = 2.0 * (W.shape[0] + 2) * 2.0 ** -24
+                W64 = W.astype(np.float64)
+                wtol = tol * 1.01 * np.sqrt(np.einsum("kb,kb->b", W64, W64))
+                otol = tol * 1.01 * np.abs(off.astype(np.float64))
+                self._exact = (np.ascontiguousarray(W.T), wtol.astype(np.float32),
+                               otol.astype(np.float32))
+            Wt, wtol32, otol32 = self._exact
+            n = len(X32)
             out = np.empty((n, (self.bits + 63) // 64), dtype=np.uint64)
-            pad = np.zeros((HASH_BLOCK_ROWS, X.shape[1]), dtype=np.float32)
             for lo in range(0, n, HASH_BLOCK_ROWS):
-                hi = min(lo + HASH_BLOCK_ROWS, n)
-                if hi - lo == HASH_BLOCK_ROWS:
-                    block = X[lo:hi]
-                else:
-                    pad[: hi - lo] = X[lo:hi]
-                    pad[hi - lo:] = 0.0
-                    block = pad
-                P = self.project(block)
-                out[lo:hi] = pack_signs(np.ascontiguousarray(P[: hi - lo]))
+                blk = np.ascontiguousarray(X32[lo:lo + HASH_BLOCK_ROWS])
+                P = blk @ W - off
+                xnorm = np.sqrt(np.einsum("ij,ij->i", blk, blk))
+                out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32, otol32)
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys
@@ -95,7 +106,7 @@ class RandomHyperplanes(HashFamily):
     """Charikar's ``h_r(x) = [r^T x >= 0]``, the unlearned baseline (dense or sparse rows)."""
 
     name = "charikar"
-    fixed_blocks = True
+    float32_blas = True
 
     def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None,
                  metric: Metric | None = None):
@@ -107,18 +118,26 @@ class RandomHyperplanes(HashFamily):
         self._R: np.ndarray | None = None
         self._offset: np.ndarray
 
-    def project(self, X: RowsLike) -> np.ndarray:
-        B = as_block(X)
-        if isinstance(B, SparseBlock):
-            return sparse_projection(B, self.seed, self.bits)
-        if B.shape[1] != self.d:
-            raise InputError(f"X has {B.shape[1]} features, but the hash family has d={self.d}")
+    def _terms(self) -> tuple[np.ndarray, np.ndarray]:
         if self._R is None:
             R = gaussian_matrix(self.seed, self.d, self.bits)
             self._R = np.ascontiguousarray(R.T.astype(np.float32))  # (d, b)
             c = np.zeros(self.d) if self.center is None else np.asarray(self.center, np.float64)
             self._offset = (R @ c).astype(np.float32)
-        P: np.ndarray = _rows_f32(B) @ self._R - self._offset
+        return self._R, self._offset
+
+    def _f32_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if X.shape[1] != self.d:
+            raise InputError(f"X has {X.shape[1]} features, but the hash family has d={self.d}")
+        R, off = self._terms()
+        return _rows_f32(X), R, off
+
+    def project(self, X: RowsLike) -> np.ndarray:
+        B = as_block(X)
+        if isinstance(B, SparseBlock):
+            return sparse_projection(B, self.seed, self.bits)
+        X32, R, off = self._f32_terms(B)
+        P: np.ndarray = X32 @ R - off
         return P
 
 
@@ -127,7 +146,7 @@ class LearnedExplicit(HashFamily):
     ``mu`` is the metric's centre (zero when it has none: the paper's form)."""
 
     name = "learned-explicit"
-    fixed_blocks = True
+    float32_blas = True
     metric: ExplicitMetric
 
     def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):
@@ -143,10 +162,13 @@ class LearnedExplicit(HashFamily):
         self._RGt32 = np.ascontiguousarray(self.RG.T.astype(np.float32))  # (d, b)
         self._offset32 = self.offset.astype(np.float32)
 
+    def _f32_terms(self, X: RowsLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _rows_f32(self.metric.check(X)), self._RGt32, self._offset32
+
     def project(self, X: RowsLike) -> np.ndarray:
         """``RG (x - mu)`` for every row, float32 (n, b)."""
-        Xd = self.metric.check(X)
-        P: np.ndarray = _rows_f32(Xd) @ self._RGt32 - self._offset32
+        X32, W, off = self._f32_terms(X)
+        P: np.ndarray = X32 @ W - off
         return P
 
 

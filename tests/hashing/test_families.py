@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lshdist._kernels.hashing import pack_signs
 from lshdist.blocks import SparseBlock
 from lshdist.errors import InputError
 from lshdist.hashing import LearnedExplicit, LearnedImplicit, RandomHyperplanes
@@ -166,3 +167,39 @@ def test_float32_keys_do_not_depend_on_the_chunking(family):
     assert np.array_equal(parts, whole)
     for i in rng.choice(3000, size=60, replace=False):
         assert np.array_equal(fam.hash(X[i:i + 1]), whole[i:i + 1])
+    # and they are the signs of the float64 product (the BLAS build and CPU do not matter)
+    X32, W, off = fam._f32_terms(X)
+    T = X32.astype(np.float64) @ W.astype(np.float64) - off.astype(np.float64)
+    assert np.array_equal(whole, pack_signs(T))
+    assert (np.abs(T) < 1e-5 * np.abs(T).max()).sum() >= 500  # the rows near 0 are there
+
+
+def test_exact_signs_kernel_overrides_any_float32_error_within_the_bound():
+    """`pack_signs_exact` returns the signs of ``X Wt^T - off`` whatever error the float32
+    ``P`` carries within the bound (here: P = T + the largest allowed error, signs flipped)."""
+    from lshdist._kernels.hashing import pack_signs_exact
+
+    rng = np.random.default_rng(0)
+    n, d, b = 500, 30, 130
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    Wt = rng.normal(size=(b, d)).astype(np.float32)
+    off = rng.normal(size=b).astype(np.float32)
+    off[::3] = 0.0
+    for r in range(n):  # row r nearly orthogonal to hash vector r % b: T within rounding of 0
+        w = Wt[r % b]
+        X[r] -= (X[r] @ w / (w @ w) * w).astype(np.float32)
+    T = X.astype(np.float64) @ Wt.T.astype(np.float64) - off.astype(np.float64)
+    tol = 2.0 * (d + 2) * 2.0 ** -24
+    xn = np.linalg.norm(X.astype(np.float64), axis=1).astype(np.float32)
+    wtol = (tol * np.linalg.norm(Wt.astype(np.float64), axis=1)).astype(np.float32)
+    otol = (tol * np.abs(off.astype(np.float64))).astype(np.float32)
+    bound = xn[:, None].astype(np.float64) * wtol[None, :] + otol[None, :]
+    near = np.abs(T) <= 0.5 * bound
+    assert near.sum() >= n // 3
+    # the worst float32 answer: every value within half the bound pushed across 0
+    P = np.where(near, -np.where(T >= 0, 1.0, -1.0) * 0.5 * bound, T).astype(np.float32)
+    assert ((P >= 0) != (T >= 0)).sum() >= n // 3
+    got = pack_signs_exact(P, X, xn, Wt, off, wtol, otol)
+    assert np.array_equal(got, pack_signs(T))
+    assert np.array_equal(pack_signs_exact(T.astype(np.float32), X, xn, Wt, off, wtol, otol),
+                          pack_signs(T))
