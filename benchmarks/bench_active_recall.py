@@ -11,7 +11,8 @@ candidates from the permutation lists, M lists x W window (``BENCH_MW``, e.g. ``
 to 512 candidates re-ranked), and from mode "rank" (every key's angle score, ``RANK`` = 500
 rows re-ranked; ``BENCH_SEARCH=lists,rank``).  Exhaustive: one float32 product with the pool
 (dense) or the CSR pool (sparse) and the argmin of |wx + b|, per hyperplane.  Timing: per
-hyperplane ``BENCH_REPS`` (15) pairs, exhaustive then hashed, alternated; the medians of each
+hyperplane ``BENCH_REPS`` (15) pairs, exhaustive and hashed, the order alternating from pair to
+pair (ABBA); the medians of each
 and the median (and 25-75th percentiles) of the per-pair speedups are reported.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_active_recall.py
@@ -99,14 +100,16 @@ def main():
                     for (w, b), m, t in zip(planes, exact, truth):
                         exhaustive(w, b)
                         idx.query(query_rows(X, w), K, offsets=np.array([b]), **kw)  # warm
-                        for _ in range(REPS):  # paired, alternated: exhaustive, then hashed
-                            t0 = time.perf_counter()
-                            exhaustive(w, b)
-                            ex_secs.append(time.perf_counter() - t0)
-                            t0 = time.perf_counter()
-                            _, ids = idx.query(query_rows(X, w), K, offsets=np.array([b]),
-                                               **kw)
-                            secs.append(time.perf_counter() - t0)
+                        for rep in range(REPS):  # paired; the order alternates (ABBA)
+                            for which in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                                t0 = time.perf_counter()
+                                if which == 0:
+                                    exhaustive(w, b)
+                                    ex_secs.append(time.perf_counter() - t0)
+                                else:
+                                    _, ids = idx.query(query_rows(X, w), K,
+                                                       offsets=np.array([b]), **kw)
+                                    secs.append(time.perf_counter() - t0)
                         n = int(idx.stats_["reranked"][0])
                         scanned.append(n)
                         rec.append(len(np.intersect1d(ids[0], t)) / K)

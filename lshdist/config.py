@@ -538,6 +538,9 @@ class ActiveConfig(Section):
         if not all(names) or any(m not in known for m in names) or len(set(names)) < len(names):
             raise InputError(f"methods={self.methods!r}: a comma-separated list of distinct "
                              f"methods among {', '.join(known)}")
+        if self.center and self.distributed:
+            raise InputError("center is not available with distributed (the cluster hashes the "
+                             "pool's rows as given): drop one of them")
 
     @property
     def method_list(self) -> tuple[str, ...]:

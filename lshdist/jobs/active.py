@@ -111,9 +111,6 @@ def _run_distributed(pool_path: str, cfg: ActiveConfig, cluster: ClusterConfig,
 
     y_pool = check_pool(pool_path)
     check_active(y_pool, Dataset(pool_path).d, test, cfg)
-    if cfg.center:
-        raise InputError("--center is not available with --distributed (the pool's rows are "
-                         "hashed as given)")
     with client_from_config(cluster) as client:
         dp = DistributedPool(client, pool_path, cfg)
         try:

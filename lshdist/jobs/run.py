@@ -204,17 +204,23 @@ def run(args: argparse.Namespace) -> int:
 def run_active_config(cfg: RunConfig, fresh: bool) -> int:
     """An ``active:`` run: the train split ingested as the pool (its labels the oracle), the
     test split as the test rows, then `lshdist active` into ``workdir/active``."""
+    from lshdist.jobs.active import FORMAT as ACTIVE_FORMAT
     from lshdist.jobs.active import active_job
+    from lshdist.store.atomic import check_output
 
     assert cfg.active is not None
     work = cfg.workdir
+    out = work / "active"
     prepare_workdir(work, fresh)
+    # an earlier run's output is replaced; anything else there is refused, before the ingest
+    check_output(out, out.exists(), kind=ACTIVE_FORMAT)
+    if cfg.cluster.given_ and not cfg.active.distributed:
+        log.info("the cluster section is not used: active.distributed is false (the pool is "
+                 "searched in this process)")
     t = time.perf_counter()
     train = ingest_split(cfg.train, work / "train", None)
     test = ingest_split(cfg.test, work / "test", work / "train")
     log.info("ingest: %.1fs", time.perf_counter() - t)
-    out = work / "active"
-    # an earlier run's output is replaced; anything else there is refused (check_output)
     active_job(str(train.path), str(test.path), out, cfg.active, cfg.cluster,
                overwrite=out.exists())
     return 0

@@ -29,22 +29,28 @@ MARKERS = {
     "lshdist-active": "summary.json",
 }
 
+#: a marker file is small JSON; a larger file of that name is not read (nor is it a marker)
+MAX_MARKER_BYTES = 16 * 2**20
+
 
 def artefact_kind(path: str | os.PathLike[str]) -> str | None:
     """The lshdist artefact kind of directory ``path`` (from its marker file), or None."""
     p = Path(path)
     for marker in dict.fromkeys(MARKERS.values()):
         f = p / marker
-        if not f.is_file():
-            continue
         try:
+            if not f.is_file() or f.stat().st_size > MAX_MARKER_BYTES:
+                continue
             meta = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
         if marker == "zarr.json" and isinstance(meta, dict):
             meta = meta.get("attributes", {})
-        if isinstance(meta, dict) and meta.get("format") in MARKERS:
-            return str(meta["format"])
+        # a kind counts only from its own marker file: a user's summary.json that says
+        # "lshdist-workdir" does not make their directory a workdir (which `run --fresh` clears)
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        if isinstance(fmt, str) and MARKERS.get(fmt) == marker:
+            return fmt
     return None
 
 

