@@ -128,7 +128,10 @@ def rerank_margin_dense(offsets, rows, X, Wq, inv_norm, k, tiebreak):
     by ``tiebreak[row]``.  X float32 (N, d); Wq float64 (Q, d); inv_norm float64 (Q,).
     Returns float32 (Q, k) (inf padded), int64 rows (Q, k) (-1 padded).  The float64 dot
     product may be summed in any order (``reassoc``: SIMD lanes), 4.4x faster on 500 rows x
-    785 (0.26 -> 0.06 ms), within 1e-13 relative of the ordered sum."""
+    785 (0.26 -> 0.06 ms), within 1e-13 relative of the ordered sum.  The order is fixed by
+    the compiled code (the same on one machine, run after run); on another CPU (other SIMD
+    width) two margins equal to ~1e-13 may be ordered the other way: a selection, never a
+    margin beyond that, can differ between machines."""
     Q = Wq.shape[0]
     d = X.shape[1]
     out_d = np.full((Q, k), np.inf, dtype=np.float32)

@@ -172,11 +172,16 @@ class ClusterPool:
         client.gather(self.segments)
         self.build_seconds = time.perf_counter() - t0
         # a round is one task per worker over the segments it holds (`rank_segments`)
+        # (a segment held by several workers -- replicated, or moved and still cached -- goes
+        # to the holder with the fewest rows so far: the round's tasks stay balanced)
         holders = client.who_has(self.segments)
         groups: dict[str | None, list[int]] = {}
+        load: dict[str | None, int] = {}
         for i, f in enumerate(self.segments):
             held = sorted(holders.get(f.key, ()))
-            groups.setdefault(held[0] if held else None, []).append(i)
+            w = min(held, key=lambda h: (load.get(h, 0), h)) if held else None
+            groups.setdefault(w, []).append(i)
+            load[w] = load.get(w, 0) + self.bounds[i][1] - self.bounds[i][0]
         self.groups: list[tuple[str | None, list[int]]] = sorted(
             groups.items(), key=lambda g: g[1][0])
         log.info("pool of %d rows hashed on the cluster (%s, %d bits, %d segments): %.1fs",

@@ -53,8 +53,8 @@ MODES = ("hash", "rank", "scan")
 #: rows re-ranked per hyperplane by mode "rank" (the paper scanned N rho = 500 points)
 RANK_CANDIDATES = 500
 
-#: sparse H-Hash keeps the Gaussians of the pool's features up to this many (1 GiB float64:
-#: 20 Newsgroups' 73,712 features x 1,024 bits take 604 MB)
+#: sparse H-Hash keeps the Gaussians of the pool's features up to this many (512 MB float32:
+#: 20 Newsgroups' 73,712 features x 1,024 bits take 302 MB)
 CACHED_GAUSSIANS = 2**27
 
 
