@@ -253,6 +253,7 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
     for m in methods:
         if m in ("h-hash", "eh-hash"):
             P.build(m)
+    scale = svm_scale(P, N, s)
     C, R = len(classes), s.rounds
     out: dict[str, dict[str, np.ndarray]] = {m: {
         **{k: np.full((s.runs, C, R + 1), np.nan)
@@ -275,9 +276,10 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                 for ci, c in enumerate(classes):
                     rows = np.flatnonzero(labelled[ci])
                     clf = _svc(s.C, s.class_weight, s.seed)
-                    if not _fit(clf, P.rows(rows), y_pool[rows] == c):
+                    if not _fit(clf, P.rows(rows) * scale, y_pool[rows] == c):
                         rec["unconverged"][run, ci, r] = 1.0
-                    w = np.asarray(clf.coef_, np.float64).ravel()
+                    # the hyperplane in the pool's units: w_s^T (s x) + b = (s w_s)^T x + b
+                    w = scale * np.asarray(clf.coef_, np.float64).ravel()
                     b = float(np.asarray(clf.intercept_).ravel()[0])
                     if evaluate:
                         dec = np.asarray(test_rows @ w, np.float64).ravel() + b
@@ -301,8 +303,8 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
             missed = int(rec["unconverged"][run].sum())
             if missed:
                 log.warning("run %d/%d %s: %d of %d SVM fits stopped at liblinear's %d "
-                            "iterations without converging (features on a large scale "
-                            "converge slowly: rows scaled to [0, 1] do better)", run + 1, s.runs,
+                            "iterations without converging (rows on a large scale converge "
+                            "slowly: --svm-scale rms scales them)", run + 1, s.runs,
                             m, missed, C * (R + 1), SVM_MAX_ITER)
             if progress:
                 progress(f"run {run + 1}/{s.runs} {m}: mean AUROC "
@@ -310,7 +312,39 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                          f"{np.mean(rec['auroc'][run, :, -1]):.4f}, selection "
                          f"{1e3 * np.nanmean(rec['seconds'][run]):.2f} ms/round")
     return {"records": out, "build_seconds": P.build_seconds, "n_pool": N,
-            "classes": [int(c) for c in classes]}
+            "classes": [int(c) for c in classes], "svm_scale": scale}
+
+
+#: pool rows sampled for the SVMs' scale factor
+SCALE_SAMPLE = 10_000
+
+
+def svm_scale(P: LocalPool | DistributedPool, N: int, s: ActiveConfig) -> float:
+    """The factor the SVMs' rows are multiplied by: ``1 / sqrt(mean ||x||^2)`` over a seeded
+    sample of ``SCALE_SAMPLE`` pool rows (``svm_scale`` "rms"; 1 within float32 rounding for
+    unit-norm tf-idf rows), or 1.
+
+    LinearSVC's C trades the margin against the hinge losses in the rows' own units: on pixels
+    0-255 (Fashion-MNIST, ||x|| ~ 3,200) C = 1 is nearly a hard margin, liblinear stops at its
+    iteration cap on ~7 % of the fits, and margin selection gains no more binary AUROC than
+    random selection (100 rounds: +0.0225 vs +0.0241); the same rows at unit RMS norm: +0.0360
+    vs +0.0214.  With it the experiment does not depend on the data's units (pixels 0-255 or
+    0-1 give the same curves and selections).  One factor for the whole run (pool, test rows,
+    every class), so the hyperplanes and margins are those of the rows as given."""
+    if s.svm_scale == "none":
+        return 1.0
+    rng = np.random.default_rng([s.seed, 7])
+    sample = np.sort(rng.choice(N, min(N, SCALE_SAMPLE), replace=False))
+    X = P.rows(sample)
+    if isinstance(P, LocalPool) and isinstance(P.pool, SparseBlock):
+        sq = float(X.multiply(X).sum()) / len(sample)
+    else:
+        sq = float(np.einsum("ij,ij->", np.asarray(X, np.float64), np.asarray(X, np.float64))
+                   ) / len(sample)
+    if not np.isfinite(sq) or sq <= 0:
+        raise InputError("the pool's sampled rows are all zero (or not finite): no scale for "
+                         "the SVMs; give --svm-scale none or other rows")
+    return float(1.0 / np.sqrt(sq))
 
 
 def _as_rows(X: Any, P: LocalPool | DistributedPool) -> Block:
@@ -360,6 +394,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     mean (and median) selection time per round and selected margin, fraction scanned, and the
     ratios to exhaustive selection (final AUROC improvement, selection time) when it ran."""
     out: dict[str, Any] = {"n_pool": result["n_pool"], "classes": result["classes"],
+                           "svm_scale": result.get("svm_scale", 1.0),
                            "methods": {}}
     for m, rec in result["records"].items():
         done = ~np.isnan(rec["accuracy"][0])  # the rounds evaluated

@@ -516,6 +516,10 @@ class ActiveConfig(Section):
                                  "eh-hash: t samples of the query embedding (default exact)",
                                  metavar="t")
     C: float = opt(1.0, _float(), "the linear SVMs' C", flag="--svm-c")
+    svm_scale: str = opt("rms", _choice("rms", "none"),
+                         "rows as the SVMs see them: rms (scaled by one factor to unit root-mean-"
+                         "square norm over a pool sample, so C means the same on any data; "
+                         "unit-norm tf-idf rows are unchanged) or none (as given)", metavar="S")
     class_weight: str = opt("balanced", _choice("balanced", "none"),
                             "the binary SVMs' class weights: balanced (positives weighted by "
                             "negatives/positives) or none", metavar="W")

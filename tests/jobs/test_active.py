@@ -159,7 +159,8 @@ def test_margin_selection_beats_random_on_two_clusters():
 
     X, y = _two_clusters(1, 1500)
     T, yt = _two_clusters(101, 1000)
-    cfg = ActiveConfig(methods="exhaustive,random", rounds=30, runs=4, initial=2, seed=1)
+    cfg = ActiveConfig(methods="exhaustive,random", rounds=30, runs=4, initial=2, seed=1,
+                       svm_scale="none")
     result = run_active(X, y, T, yt, settings=cfg)
     assert result["records"]["random"]["auroc"].shape == (4, 2, 31)
     m = summarize(result)["methods"]
@@ -168,6 +169,50 @@ def test_margin_selection_beats_random_on_two_clusters():
     assert rnd["final_auroc_improvement"] > 0.05
     assert ex["selected_margin_mean"] < 0.01 < 1.0 < rnd["selected_margin_mean"]
     assert ex["auroc_improvement_mean"][0] == 0.0
+
+
+def test_svm_scale_makes_the_experiment_independent_of_the_data_units():
+    """``svm_scale`` rms: the digits as given ([0, 1]) and times 255 give the same AUROC curves
+    and the same selections (margins in the data's units, so 255 times larger); as given
+    (``none``) the SVMs' C means another regularisation at each scale and the curves differ.
+    Also: sparse unit-norm rows get the factor 1 (to float32 rounding)."""
+    from sklearn.datasets import load_digits
+
+    from lshdist.active import LocalPool, run_active, svm_scale
+    from lshdist.config import ActiveConfig
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    pool, test = slice(0, 1300), slice(1300, None)
+    res = {}
+    for scale in ("rms", "none"):
+        cfg = ActiveConfig(methods="exhaustive,random", rounds=6, runs=1, classes=3,
+                           svm_scale=scale)
+        for f in (1.0, 255.0):
+            res[scale, f] = run_active(X[pool] * np.float32(f), y[pool], X[test] * np.float32(f),
+                                       y[test], settings=cfg)
+    a, b = res["rms", 1.0]["records"], res["rms", 255.0]["records"]
+    for m in ("exhaustive", "random"):
+        np.testing.assert_allclose(a[m]["auroc"], b[m]["auroc"], rtol=0, atol=1e-9)
+        # (margins computed in float32: the same selections, to float32 rounding)
+        np.testing.assert_allclose(255 * a[m]["margin"], b[m]["margin"], rtol=1e-3)
+    assert abs(res["rms", 255.0]["svm_scale"] * 255 - res["rms", 1.0]["svm_scale"]) < 1e-9
+    c, d = res["none", 1.0]["records"], res["none", 255.0]["records"]
+    assert not np.allclose(c["exhaustive"]["auroc"], d["exhaustive"]["auroc"], atol=1e-3)
+    assert res["none", 1.0]["svm_scale"] == 1.0
+    # sparse rows of unit norm: the factor is 1
+    from scipy import sparse
+
+    from lshdist.blocks import SparseBlock
+
+    rng = np.random.default_rng(0)
+    M = sparse.random(500, 2000, density=0.01, format="csr", random_state=1, dtype=np.float32)
+    M = sparse.csr_matrix(M.multiply(1 / np.sqrt(M.multiply(M).sum(1) + 1e-30)))
+    keep = np.asarray(M.getnnz(1) > 0)
+    P = LocalPool(SparseBlock(M[keep], np.arange(2000, dtype=np.uint64)),
+                  ActiveConfig(svm_scale="rms"))
+    assert abs(svm_scale(P, int(keep.sum()), P.settings) - 1.0) < 1e-6
+    del rng
 
 
 def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
