@@ -335,7 +335,7 @@ def svm_scale(P: LocalPool | DistributedPool, N: int, s: ActiveConfig) -> float:
         return 1.0
     rng = np.random.default_rng([s.seed, 7])
     sample = np.sort(rng.choice(N, min(N, SCALE_SAMPLE), replace=False))
-    X = P.rows(sample)
+    X: Any = P.rows(sample)
     if isinstance(P, LocalPool) and isinstance(P.pool, SparseBlock):
         sq = float(X.multiply(X).sum()) / len(sample)
     else:
