@@ -187,7 +187,8 @@ class DistributedPool:
         self.pools[method] = ClusterPool(
             self.client, self.path, family=method, bits=s.bits, seed=s.seed,
             samples=s.eh_samples if method == "eh-hash" else None,
-            lists=s.permutations if s.search == "lists" else 1, window=s.window)
+            lists=s.permutations if s.search == "lists" else 1, window=s.window,
+            center=s.center)
         self.build_seconds[method] = self.pools[method].build_seconds
         self.pools[method].top(np.ones(self.pools[method].d), 0.0, 1, "rank", 1)  # warm
 

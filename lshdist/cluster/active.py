@@ -45,13 +45,26 @@ SEGMENT_ROWS = 250_000
 # ------------------------------------------------------------------------------ worker tasks
 
 
-def fit_pool_segment(data_path: str, start: int, stop: int, family: HyperplaneFamily,
-                     lists: int, window: int, seed: int) -> PermutationIndex:
-    """Keys and margin payload of dataset rows ``start:stop`` (ids = the dataset's)."""
-    ds = Dataset(data_path)
-    codes, payload = encode_points(family, ds.read_rows(start, stop))
+def read_pool_rows(data_path: str, start: int, stop: int) -> np.ndarray:
+    """Dataset rows ``start:stop`` (dense)."""
+    out: np.ndarray = np.asarray(Dataset(data_path).read_rows(start, stop))
+    return out
+
+
+def row_stats(X: np.ndarray) -> tuple[np.ndarray, float, int]:
+    """``(sum of the rows (d,), sum of their squared norms, rows)``, float64."""
+    Xd = np.asarray(X, np.float64)
+    return Xd.sum(axis=0), float(np.einsum("ij,ij->", Xd, Xd)), len(Xd)
+
+
+def fit_pool_segment(X: np.ndarray, start: int, family: HyperplaneFamily,
+                     center: np.ndarray | None, bias_scale: float, lists: int, window: int,
+                     seed: int) -> PermutationIndex:
+    """Keys and margin payload of the pool rows ``X`` (ids ``start, start + 1, ...``: the
+    dataset's row numbers), the keys hashing ``((x - center) / bias_scale, 1)``."""
+    codes, payload = encode_points(family, X, center, bias_scale)
     index = PermutationIndex(n_permutations=lists, window=window, seed=permutation_seed(seed))
-    index.fit(codes, family.bits, payload, ds.ids()[start:stop])
+    index.fit(codes, family.bits, payload, np.arange(start, start + len(X), dtype=np.int64))
     return index
 
 
@@ -138,7 +151,7 @@ class ClusterPool:
 
     def __init__(self, client: Any, data_path: str, *, family: str, bits: int, seed: int,
                  samples: int | None = None, lists: int = 1, window: int = 1,
-                 segment_rows: int | None = None) -> None:
+                 segment_rows: int | None = None, center: bool = False) -> None:
         check_pool(data_path)
         ds = Dataset(data_path)
         self.client = client
@@ -165,11 +178,29 @@ class ClusterPool:
         where = spread([b - a for a, b in self.bounds], workers)
         t0 = time.perf_counter()
         fam_f = client.scatter(self.family, broadcast=True)
-        self.segments = [client.submit(fit_pool_segment, str(ds.path), a, b, fam_f, lists,
-                                       window, seed, pure=False, workers=None if w is None else [w],
+        # the rows read once into the workers, their sums gathered: the centre (the pool mean,
+        # with ``center``) and the bias constant (the RMS norm of the rows as hashed), as
+        # `HyperplaneIndex.fit` computes them in one process; then the segments' keys
+        rows = [client.submit(read_pool_rows, str(ds.path), a, b, pure=False,
+                              workers=None if w is None else [w], allow_other_workers=True)
+                for (a, b), w in zip(self.bounds, where)]
+        stats = client.gather([client.submit(row_stats, r, pure=False) for r in rows])
+        total = np.sum([st[0] for st in stats], axis=0)
+        sq = float(sum(st[1] for st in stats))
+        n = max(int(sum(st[2] for st in stats)), 1)
+        self.center: np.ndarray | None = total / n if center else None
+        # `default_bias_scale`: the centred rows' RMS norm, 1 for rows as given
+        self.bias_scale = 1.0
+        if self.center is not None:
+            ms = sq / n - float(self.center @ self.center)
+            self.bias_scale = float(np.sqrt(ms)) if np.isfinite(ms) and ms > 0 else 1.0
+        self.segments = [client.submit(fit_pool_segment, r, a, fam_f, self.center,
+                                       self.bias_scale, lists, window, seed, pure=False,
+                                       workers=None if w is None else [w],
                                        allow_other_workers=True)
-                         for (a, b), w in zip(self.bounds, where)]
+                         for r, (a, _), w in zip(rows, self.bounds, where)]
         client.gather(self.segments)
+        del rows  # released by the scheduler (not cancelled: that would cancel the segments)
         self.build_seconds = time.perf_counter() - t0
         # a round is one task per worker over the segments it holds (`rank_segments`)
         # (a segment held by several workers -- replicated, or moved and still cached -- goes
@@ -227,7 +258,8 @@ class ClusterPool:
                                         w, b, k, **place(where))
                      for where, group in self.groups]
         else:
-            codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]))
+            codes, payload = encode_hyperplanes(self.family, w[None, :], np.array([b]),
+                                                self.center, self.bias_scale)
             shares = candidate_shares(candidates, [hi - lo for lo, hi in self.bounds])
             parts = [self.client.submit(rank_segments, [self.segments[i] for i in group], codes,
                                         payload, k, mode, [shares[i] for i in group],

@@ -31,7 +31,7 @@ def digits(tmp_path_factory):
 
 @pytest.mark.parametrize("search", [
     ["--search", "rank", "--bits", "256", "--candidates", "60"],
-    ["--search", "lists", "--bits", "32", "--permutations", "8", "--window", "4", "--center"]])
+    ["--search", "lists", "--bits", "32", "--permutations", "8", "--window", "4"]])
 def test_active_learning_job(digits, tmp_path, search):
     rounds = 15
     assert main(["active", "--pool", str(digits / "pool"), "--test", str(digits / "test"),
@@ -255,7 +255,7 @@ def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
 
 def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
     """Refused on the driver, before a cluster starts (`client_for` is never called): a sparse
-    pool, an unlabelled pool, ids that are not rows, too many rounds, --center."""
+    pool, an unlabelled pool, ids that are not rows, too many rounds."""
     import lshdist.cluster.client as client_mod
 
     def no_cluster(*a, **k):
@@ -274,9 +274,7 @@ def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
                            (["--pool", str(digits / "unlabelled")], "has no labels"),
                            (["--pool", str(tmp_path / "ids")], "not its row numbers"),
                            (["--pool", str(digits / "pool"), "--rounds", "5000"],
-                            "rounds=5000: the pool has only"),
-                           (["--pool", str(digits / "pool"), "--center"],
-                            "center is not available with distributed")]:
+                            "rounds=5000: the pool has only")]:
         capsys.readouterr()
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err

@@ -58,9 +58,6 @@ def test_every_config_parses(monkeypatch, tmp_path):
      "active: {rounds: 0}\n", r"active\.rounds: expected .*, got 0"),
     ("workdir: x\ndata: {train: {builtin: digits}, test: {builtin: digits}}\n"
      "active: {methods: 'h-hash,bogus'}\n", r"methods='h-hash,bogus'"),
-    ("workdir: x\ndata: {train: {builtin: digits}, test: {builtin: digits}}\n"
-     "active: {center: true, distributed: true}\n",
-     r"center is not available with distributed .*: drop one of them"),
 ])
 def test_bad_configs(tmp_path, capsys, text, message):
     path = tmp_path / "c.yaml"
