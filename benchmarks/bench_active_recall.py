@@ -17,6 +17,10 @@ and the median (and 25-75th percentiles) of the per-pair speedups are reported.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_active_recall.py
 
+The SVMs see the rows at unit RMS norm as `lshdist active`'s do (``BENCH_SVM_SCALE=none``:
+as given, the hyperplanes of the earlier results); centred keys hash the bias constant at
+the centred rows' RMS norm (`HyperplaneIndex`'s default).
+
 ``BENCH_NAME`` names the results file (default ``active_recall_{BENCH_DATA}``).
 """
 
@@ -43,16 +47,26 @@ RANK = 500
 EXTRA = int(os.environ.get("EXTRA", "100"))
 REPS = int(os.environ.get("BENCH_REPS", "15"))  # alternated timing pairs per hyperplane
 K = 10
+SVM_SCALE = os.environ.get("BENCH_SVM_SCALE", "rms")
 
 
 def hyperplanes(X, y, rng):
+    """Binary one-vs-all LinearSVCs as `lshdist active` fits them: rows scaled by one factor to
+    unit RMS norm (``BENCH_SVM_SCALE=none``: as given), normals returned in the rows' units."""
     rows = np.concatenate([rng.choice(np.flatnonzero(y == c), 5, replace=False)
                            for c in np.unique(y)] + [rng.choice(len(y), EXTRA, replace=False)])
     Xr = X.matrix[rows] if isinstance(X, SparseBlock) else X[rows]
+    if SVM_SCALE == "rms":
+        sq = (X.row_norms_sq().mean() if isinstance(X, SparseBlock)
+              else float(np.einsum("ij,ij->", X, X, dtype=np.float64)) / len(X))
+        s = 1.0 / np.sqrt(sq)
+    else:
+        s = 1.0
     out = []
     for c in np.unique(y):
-        clf = LinearSVC(class_weight="balanced", dual="auto", max_iter=5000).fit(Xr, y[rows] == c)
-        out.append((clf.coef_.ravel().astype(np.float64), float(clf.intercept_[0])))
+        clf = LinearSVC(class_weight="balanced", dual="auto", max_iter=5000).fit(Xr * s,
+                                                                                y[rows] == c)
+        out.append((s * clf.coef_.ravel().astype(np.float64), float(clf.intercept_[0])))
     return out
 
 
