@@ -56,6 +56,20 @@ def test_flags_and_yaml_share_rules_and_defaults():
         from_mapping(LearnConfig, {"gamma": -1}, where="learn")
 
 
+def test_a_flag_on_by_default_is_turned_off_by_its_no_flag():
+    """``active.center`` defaults to true: the CLI offers ``--no-center`` (not ``--center``),
+    and it equals ``center: false`` in YAML."""
+    from lshdist.config import ActiveConfig, from_args
+
+    base = ["active", "--pool", "p", "--test", "t", "--out", "o"]
+    assert from_args(ActiveConfig, build_parser().parse_args(base)).center is True
+    off = from_args(ActiveConfig, build_parser().parse_args([*base, "--no-center"]))
+    assert off == from_mapping(ActiveConfig, {"center": False}, where="active")
+    assert off.given_ == {"center"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--center"])
+
+
 def test_every_subcommand_help_lists_every_option_with_help(capsys):
     for job in JOBS:
         try:
