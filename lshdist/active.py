@@ -336,16 +336,14 @@ def svm_scale(P: LocalPool | DistributedPool, N: int, s: ActiveConfig) -> float:
         return 1.0
     rng = np.random.default_rng([s.seed, 7])
     sample = np.sort(rng.choice(N, min(N, SCALE_SAMPLE), replace=False))
-    X: Any = P.rows(sample)
-    if isinstance(P, LocalPool) and isinstance(P.pool, SparseBlock):
-        sq = float(X.multiply(X).sum()) / len(sample)
-    else:
-        sq = float(np.einsum("ij,ij->", np.asarray(X, np.float64), np.asarray(X, np.float64))
-                   ) / len(sample)
-    if not np.isfinite(sq) or sq <= 0:
-        raise InputError("the pool's sampled rows are all zero (or not finite): no scale for "
-                         "the SVMs; give --svm-scale none or other rows")
-    return float(1.0 / np.sqrt(sq))
+    from lshdist.index.hyperplane import rms_norm
+
+    X = _as_rows(P.rows(sample), P)
+    if n_rows(X) and not np.any(np.asarray(X.row_norms_sq() if isinstance(X, SparseBlock)
+                                           else np.abs(X).max(axis=1)) > 0):
+        raise InputError("the pool's sampled rows are all zero: no scale for the SVMs; give "
+                         "--svm-scale none or other rows")
+    return 1.0 / rms_norm(X)
 
 
 def _as_rows(X: Any, P: LocalPool | DistributedPool) -> Block:

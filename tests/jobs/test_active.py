@@ -206,14 +206,12 @@ def test_svm_scale_makes_the_experiment_independent_of_the_data_units():
 
     from lshdist.blocks import SparseBlock
 
-    rng = np.random.default_rng(0)
     M = sparse.random(500, 2000, density=0.01, format="csr", random_state=1, dtype=np.float32)
     M = sparse.csr_matrix(M.multiply(1 / np.sqrt(M.multiply(M).sum(1) + 1e-30)))
     keep = np.asarray(M.getnnz(1) > 0)
     P = LocalPool(SparseBlock(M[keep], np.arange(2000, dtype=np.uint64)),
                   ActiveConfig(svm_scale="rms"))
     assert abs(svm_scale(P, int(keep.sum()), P.settings) - 1.0) < 1e-6
-    del rng
 
 
 def test_distributed_pool_matches_one_process(digits, tmp_path, monkeypatch):
