@@ -10,8 +10,11 @@ lshdist, through the library calls the CLI makes, on a 2-worker LocalCluster sta
 defaults: a 20,000-row stratified sample, metric selection), index (IndexConfig defaults,
 calibrated on the query set), query (QueryConfig defaults, mode auto); wall time per stage,
 recall@10 on the truth sample, peak RSS of each worker process (whole life: a fresh cluster
-per size), bytes per indexed item on disk.  At the largest size also: the query stage on 1
-worker (same index), and Q = N/100.
+per size), bytes per indexed item on disk.  Before the first size, a warm-up runs the same job
+on 20,000 rows (learn on 4,000) so that every numba kernel is compiled into the benchmark's
+cache: its time is reported apart (BENCHMARKS.md), not in any stage (runs before session 10
+had the compilation in their index stage, about 20 s at 1 M).  At the largest size also: the
+query stage on 1 worker (same index), and Q = N/100.
 
 Peers, in the same run, on Gx when the model is a learned metric (the model is saved; its
 transform is what the workers re-rank with):
@@ -88,7 +91,8 @@ def queries_subset(qs, n: int, where: Path):
 
 
 def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path | None,
-                learn_too: bool, segment_rows: int | None = None, tag: str = ""):
+                learn_too: bool, segment_rows: int | None = None, tag: str = "",
+                learn_cfg=None):
     """Learn (optional), index and query each of ``qsets`` on a fresh ``workers``-worker
     cluster; returns the stage rows."""
     from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
@@ -103,7 +107,7 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
     model = model or size_dir / "model"
     if learn_too:
         t0 = time.perf_counter()
-        metric, params, _ = learn(ds, LearnConfig())
+        metric, params, _ = learn(ds, learn_cfg or LearnConfig())
         save_model(model, metric, params=params, seed=0, overwrite=model.exists())
         out["learn s"] = time.perf_counter() - t0
         out["metric"] = params.get("selected", "?")
@@ -132,6 +136,8 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
             info = run_query(client, qp)
             tq = time.perf_counter() - t0
             qid, nb, _, cand = read_results(res, qset.ids())
+            if truth is None:  # the warm-up: no recall to measure
+                continue
             pos = np.searchsorted(np.asarray(qid), qs_ids_of_truth(truth, qset))
             rec = recall_at_k(np.asarray(nb[pos], np.int64), truth["ids"], K)
             op = info["operating_point"]
@@ -144,6 +150,31 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
                   f"{out[f'query {qset.n} setting']}", flush=True)
         out["peak RSS per worker GiB"] = max(worker_rss(client).values()) / 2**30
     return out, model
+
+
+def warm_up(ds, qs_all) -> float:
+    """Compile every numba kernel of learn + index + query before anything is timed
+    (BENCHMARKS.md: compilation is reported apart, never mixed into a stage): the whole job on
+    the first 20,000 database rows and 4,000 queries, on a 2-worker cluster sharing the
+    benchmark's numba cache.  Returns its wall time."""
+    from lshdist.store.dataset import write_dataset
+
+    t0 = time.perf_counter()
+    where = WORK / "warm-up"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    rows = np.arange(20_000)
+    small = write_dataset(where / "data", ds.read_row_set(rows), ds.labels()[rows],
+                          classes=ds.classes, shard_rows=10_000)
+    qrows = np.arange(4_000)
+    qs = write_dataset(where / "queries", qs_all.read_row_set(qrows), qs_all.labels()[qrows],
+                       classes=qs_all.classes, ids=qs_all.ids()[qrows], shard_rows=4_000)
+    from lshdist.config import LearnConfig
+
+    run_lshdist(small, [qs], where, None, workers=2, model=None, learn_too=True,
+                learn_cfg=LearnConfig(sample=4_000))
+    shutil.rmtree(where, ignore_errors=True)
+    return time.perf_counter() - t0
 
 
 def qs_ids_of_truth(truth, qset) -> np.ndarray:
@@ -254,6 +285,7 @@ def main():
     WORK.mkdir(parents=True, exist_ok=True)
     rows, stage_rows, hnsw = [], [], None
     t_start = time.perf_counter()
+    warmed = None
     for v in sizes:
         out = (make_million.DEFAULT_OUT if v == len(make_million.DB_SHIFTS)
                else WORK / f"data-v{v}")
@@ -267,6 +299,10 @@ def main():
         if largest and N // 100 >= TRUTH:
             qsets.append(queries_subset(qs_all, N // 100, size_dir / f"queries-{N // 100}"))
         print(f"== N={N:,}, Q={Qn:,}; threads {pinned}; load {common.loadavg()}", flush=True)
+        if warmed is None:
+            warmed = warm_up(ds, qs_all)
+            print(f"  warm-up (numba compile, first calls; not in any stage): {warmed:.1f} s",
+                  flush=True)
         lsh, model = run_lshdist(ds, qsets, size_dir, truth, workers=2, model=None,
                                  learn_too=True)
         if largest:
@@ -343,7 +379,8 @@ def main():
                    "and extrapolated.", "Spark MLlib: not measured (pyspark is not installed "
                    "here)."],
             peer_modules=("faiss", "hnswlib", "distributed", "dask"),
-            extra={"hnsw": hnsw, "elapsed s": time.perf_counter() - t_start})
+            extra={"hnsw": hnsw, "elapsed s": time.perf_counter() - t_start,
+                   "warm-up s (numba compile, not in any stage)": warmed})
         if not largest:
             shutil.rmtree(size_dir / "index", ignore_errors=True)
     plot(rows, stage_rows)

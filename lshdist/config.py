@@ -278,6 +278,10 @@ class LearnConfig(Section):
     force_learned: bool = opt(False, _flag(),
                               "keep the learned metric even when it does not beat the prior on "
                               "the held-out rows")
+    grid_threads: int | None = opt(None, _optional(POSITIVE),
+                                   "settings of the metric-selection grid fitted at once on the "
+                                   "driver (default: the cores available to it; the choice does "
+                                   "not depend on it)", metavar="n")
     sample: int = opt(20_000, POSITIVE,
                       "labelled rows read to learn from (stratified; a larger dataset is "
                       "sampled shard by shard, never loaded whole)", metavar="n")

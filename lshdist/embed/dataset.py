@@ -54,7 +54,9 @@ class EmbeddedDataset(Dataset):
     def read_rows(self, start: int, stop: int) -> Block:
         return self.embedding.transform(self.read_sets(start, stop))
 
-    def read_row_set(self, rows: np.ndarray) -> Block:
+    def read_row_set(self, rows: np.ndarray, *, threads: int = 1) -> Block:
+        """The embedded rows numbered ``rows`` (read serially: ``threads`` is accepted for the
+        interface's sake)."""
         return self.embedding.transform(self.read_set_rows(rows))
 
     def to_dask(self) -> list[object]:

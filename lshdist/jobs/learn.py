@@ -12,6 +12,7 @@ from lshdist.blocks import Block, SparseBlock
 from lshdist.config import LearnConfig, add_options, from_args
 from lshdist.embed.model import SetEmbedding
 from lshdist.errors import InputError
+from lshdist.limits import available_cores
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
 from lshdist.store.atomic import check_output
@@ -63,7 +64,7 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
                  len(sets), len(sets.values), cfg.kernel, E.nnz)
         X: Block = E
     else:
-        X = data.read_row_set(rows)
+        X = data.read_row_set(rows, threads=available_cores())
     y = y_all[rows]
     if len(rows) < data.n:
         log.info("learning from a stratified sample of %d of %d rows", len(rows), data.n)
@@ -73,7 +74,7 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
         lambda changes: replace_params(est, changes), params["kind"], X, y, d=d,
         ks=[cfg.validation_k], validation=cfg.validation, budget=cfg.budget,
         force_learned=cfg.force_learned, search=not cfg.no_search, seed=cfg.seed,
-        n_classes=int(y_all.max()) + 1)
+        n_classes=int(y_all.max()) + 1, n_threads=cfg.grid_threads or available_cores())
     secs = time.perf_counter() - t0
     metric.embedding = embedding
     chosen = next(t.changes for t in sel.trials if t.name == sel.setting)

@@ -14,7 +14,9 @@ setting, so that with no time to spare nothing changes):
 * implicit: the given setting; c x 2; gamma x 0.1 and x 10; neighbours 5 and 20; the basis
   route.
 
-Each grid fit runs with a fifth of the passes (at least 5) — the selection needs the ranking of
+The settings are fitted and scored ``n_threads`` at a time (the driver's cores: ITML's kernel
+is serial); results are taken in grid order, so the choice is the serial one.  Each grid fit
+runs with a fifth of the passes (at least 5) — the selection needs the ranking of
 settings, not converged metrics — and the chosen one is refitted with the full passes.  Passes
 are also capped by a work budget (`FIT_WORK`), which binds only for high-dimensional data.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,13 +180,14 @@ def grid(kind: str, est: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike, y: np.ndarray,
                   *, d: int | None, ks: list[int], validation: float, budget: float,
-                  force_learned: bool, search: bool, seed: int, n_classes: int
-                  ) -> tuple[Any, Any, Selection]:
+                  force_learned: bool, search: bool, seed: int, n_classes: int,
+                  n_threads: int = 1) -> tuple[Any, Any, Selection]:
     """Choose the metric (see the module docstring).
 
     ``make(changes)`` returns a fresh estimator (ITML or KernelITML) with the user's parameters
     updated by ``changes``.  Returns ``(metric, fitted estimator or None, Selection)``; the
-    estimator is None when the prior was selected.
+    estimator is None when the prior was selected.  ``n_threads``: grid settings fitted at
+    once (the choice does not depend on it).
     """
     t_start = time.perf_counter()
     ks = sorted({1, *ks})
@@ -208,11 +212,13 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
     prior_ok: dict[int, np.ndarray] | None = None
     prior_acc: dict[int, float] = {}
     settings = grid(kind, base) if search else [("given", {})]
-    for name, ch in settings:
-        if trials and time.perf_counter() - t_start > budget:
-            log.info("selection: time budget of %.0fs spent after %d settings", budget,
-                     len(trials))
-            break
+
+    def attempt(i: int) -> tuple[Any, dict[int, np.ndarray], float] | str | None:
+        """Fit and score setting ``i``: ``(metric, correctness, seconds)``, the reason it
+        could not be fitted, or None when the budget was spent before it started."""
+        name, ch = settings[i]
+        if i and time.perf_counter() - t_start > budget:
+            return None
         t0 = time.perf_counter()
         est = make({**ch, "max_iter": short} if search else ch)
         try:
@@ -220,21 +226,41 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
         except InputError as exc:  # e.g. c*2 basis points on a small dataset
             if name == "given":
                 raise  # the user's own setting must fit: its message says why it cannot
-            log.info("selection: %s skipped (%s)", name, exc)
-            continue
+            return str(exc)
         m = metric_of(est)
-        if prior_ok is None:
-            prior_ok = knn_correct(prior_metric(kind, Xtr, m), Xtr, ytr, Xva, yva, ks,
-                                   n_classes)
-            prior_acc = {k: float(v.mean()) for k, v in prior_ok.items()}
-        ok = knn_correct(m, Xtr, ytr, Xva, yva, ks, n_classes)
-        acc = {k: float(v.mean()) for k, v in ok.items()}
-        trial = Trial(name, ch, acc, time.perf_counter() - t0)
-        trials.append(trial)
-        log.info("selection: %-14s held-out 1-NN %.2f%% (%.1fs)", name, 100 * acc[1],
-                 trial.seconds)
-        if best is None or acc[1] >= best.accuracy[1] + MARGIN:
-            best, best_metric, best_ok = trial, m, ok[1]
+        return m, knn_correct(m, Xtr, ytr, Xva, yva, ks, n_classes), time.perf_counter() - t0
+
+    # The settings are independent: up to `n_threads` are fitted at once (ITML's kernels and
+    # BLAS release the GIL); each starts only while the budget lasts, in grid order, and the
+    # results are taken in grid order — the choice is the one a serial run makes.
+    workers = max(1, min(int(n_threads), len(settings)))
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(attempt, i) for i in range(len(settings))]
+        try:
+            for (name, ch), fut in zip(settings, futures):
+                got = fut.result()
+                if got is None:
+                    log.info("selection: time budget of %.0fs spent after %d settings", budget,
+                             len(trials))
+                    break
+                if isinstance(got, str):
+                    log.info("selection: %s skipped (%s)", name, got)
+                    continue
+                m, ok, seconds = got
+                if prior_ok is None:
+                    prior_ok = knn_correct(prior_metric(kind, Xtr, m), Xtr, ytr, Xva, yva, ks,
+                                           n_classes)
+                    prior_acc = {k: float(v.mean()) for k, v in prior_ok.items()}
+                acc = {k: float(v.mean()) for k, v in ok.items()}
+                trial = Trial(name, ch, acc, seconds)
+                trials.append(trial)
+                log.info("selection: %-14s held-out 1-NN %.2f%% (%.1fs)", name, 100 * acc[1],
+                         trial.seconds)
+                if best is None or acc[1] >= best.accuracy[1] + MARGIN:
+                    best, best_metric, best_ok = trial, m, ok[1]
+        finally:
+            for f in futures:  # an error, or the budget spent: nothing more is started
+                f.cancel()
     if best is None or prior_ok is None:
         raise InputError("no ITML setting could be fitted on this data")
     sel = Selection(selected="learned", setting=best.name, prior_accuracy=prior_acc,

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -612,13 +613,22 @@ class Dataset:
             data = np.asarray(self._array("X/data")[lo:hi], dtype=np.float32)
             return SparseBlock.from_arrays(indptr - lo, indices, data)
 
-    def read_row_set(self, rows: np.ndarray) -> Block:
-        """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds one
-        shard and the selected rows, never the whole dataset."""
+    def read_row_set(self, rows: np.ndarray, *, threads: int = 1) -> Block:
+        """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds
+        ``threads`` shards (read at once: decompression releases the GIL) and the selected
+        rows, never the whole dataset."""
         if self.kind == "pointsets":
             raise self._refuse_sets()
-        parts: list[Block] = [take_rows(self.read_rows(a, b), r)
-                              for a, b, r in self._rows_by_shard(rows)]
+
+        def take(part: tuple[int, int, np.ndarray]) -> Block:
+            return take_rows(self.read_rows(part[0], part[1]), part[2])
+
+        spans = list(self._rows_by_shard(rows))
+        if threads > 1 and len(spans) > 1:
+            with ThreadPoolExecutor(min(threads, len(spans))) as pool:
+                parts: list[Block] = list(pool.map(take, spans))
+        else:
+            parts = [take(p) for p in spans]
         if self.kind == "dense":
             return (np.concatenate(parts) if parts  # type: ignore[arg-type]
                     else np.zeros((0, self.d), np.float32))

@@ -1,5 +1,7 @@
 """Metric selection: validation, grid, fallback to the prior, learning from a sample."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,31 @@ def test_same_seed_same_selection(tmp_path):
     assert strip(p1["selection"]) == strip(p2["selection"])
     assert p1["selection"]["setting"] == p2["selection"]["setting"]
     assert np.array_equal(m1.A, m2.A)
+
+
+def test_grid_fitted_concurrently_makes_the_serial_choice(tmp_path):
+    """Settings fitted 3 at a time give the serial run's trials, choice and metric."""
+    X, y = _signal_in_one_feature(seed=5)
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    runs = [learn(ds, LearnConfig(constraints=1000, budget=1e6, grid_threads=t))
+            for t in (1, 3)]
+    strip = lambda s: [(t["name"], t["changes"], t["accuracy"]) for t in s["trials"]]  # noqa: E731
+    (m1, p1, _), (m3, p3, _) = runs
+    assert len(p1["selection"]["trials"]) == 7  # every explicit setting was tried
+    assert strip(p1["selection"]) == strip(p3["selection"])
+    assert p1["selected"] == p3["selected"] == "learned"
+    assert p1["selection"]["setting"] == p3["selection"]["setting"]
+    assert np.array_equal(m1.A, m3.A)
+
+
+def test_grid_budget_spent_stops_at_the_given_setting(tmp_path, caplog):
+    """With no time to spare only the user's own setting is fitted, however many threads."""
+    caplog.set_level(logging.INFO, logger="lshdist.metric.selection")
+    X, y = _signal_in_one_feature(seed=6)
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    _, params, _ = learn(ds, LearnConfig(constraints=1000, budget=0.0, grid_threads=4))
+    assert [t["name"] for t in params["selection"]["trials"]] == ["given"]
+    assert "time budget of 0s spent after 1 settings" in caplog.text
 
 
 def test_learn_reads_a_sample_shard_by_shard_never_the_whole_dataset(tmp_path, monkeypatch):
