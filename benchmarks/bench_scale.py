@@ -8,7 +8,9 @@ some of them.
 lshdist, through the library calls the CLI makes, on a 2-worker LocalCluster started per size
 (start-up reported apart, never in a stage): learn (`lshdist.jobs.learn.learn`, LearnConfig
 defaults: a 20,000-row stratified sample, metric selection), index (IndexConfig defaults,
-calibrated on the query set), query (QueryConfig defaults, mode auto); wall time per stage,
+calibrated on the query set), query (QueryConfig defaults, mode auto) — once as `lshdist run`
+does it (the segments the build holds in worker memory are searched) and once as a separate
+`lshdist query` (the index read back from disk); wall time per stage,
 recall@10 on the truth sample, peak RSS of each worker process (whole life: a fresh cluster
 per size), bytes per indexed item on disk.  Before the first size, a warm-up runs the same job
 on 20,000 rows (learn on 4,000) so that every numba kernel is compiled into the benchmark's
@@ -122,12 +124,30 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
             t0 = time.perf_counter()
             plan = plan_build(data=str(ds.path), model=str(model), out=str(index), cfg=cfg,
                               overwrite=index.exists())
-            manifest = run_build(client, plan)
+            held: list = []  # the segments just built, kept in worker memory (as `run` does)
+            manifest = run_build(client, plan, hold=held if learn_too else None)
             out["index s"] = time.perf_counter() - t0
             out["segments"] = len(manifest["segments"])
             cal = manifest.get("calibration") or {}
             out["calibration"] = cal.get("reason")
             out["index bytes/item"] = du(index) / ds.n
+            if held:
+                # `lshdist run`: the queries search the segments the build holds (no re-read);
+                # then every query set as a separate `lshdist query` (segments read back)
+                qset = qsets[0]
+                res = size_dir / f"results{tag}-held-{qset.n}"
+                t0 = time.perf_counter()
+                qp = plan_query(index=str(index), queries=str(qset.path), out=str(res),
+                                cfg=QueryConfig(), overwrite=res.exists())
+                run_query(client, qp, segments=held)
+                out[f"query {qset.n} s, segments held (as run)"] = time.perf_counter() - t0
+                client.cancel(held)
+                if truth is not None:
+                    qid, nb, _, _ = read_results(res, qset.ids())
+                    pos = np.searchsorted(np.asarray(qid), qs_ids_of_truth(truth, qset))
+                    out[f"query {qset.n} recall@10, segments held"] = recall_at_k(
+                        np.asarray(nb[pos], np.int64), truth["ids"], K)
+                shutil.rmtree(res, ignore_errors=True)
         for qset in qsets:
             res = size_dir / f"results{tag}-{qset.n}"
             t0 = time.perf_counter()
@@ -320,7 +340,9 @@ def main():
             lsh["segments per worker: setting"] = per[f"query {Qn} setting"]
             shutil.rmtree(size_dir / "index-per-worker", ignore_errors=True)
         total = lsh["learn s"] + lsh["index s"] + lsh[f"query {Qn} s"]
-        stage_rows.append({"N": N, "Q": Qn, **lsh, "learn + index + query s": total})
+        total_held = lsh["learn s"] + lsh["index s"] + lsh[f"query {Qn} s, segments held (as run)"]
+        stage_rows.append({"N": N, "Q": Qn, **lsh, "learn + index + query s": total,
+                           "learn + index + query s, segments held (as run)": total_held})
         print(f"  lshdist: {stage_rows[-1]}", flush=True)
 
         from lshdist.store.model import load_model
@@ -364,9 +386,16 @@ def main():
                    "setting": f"{lsh['segments']} segments; {lsh[f'query {Qn} setting']}",
                    "recall@10": lsh[f"query {Qn} recall@10"], "build s": lsh["learn s"]
                    + lsh["index s"], "query s": lsh[f"query {Qn} s"], "total s": total}
-        for r in [lsh_row, *peers]:
+        held_row = {"system": "lshdist run (segments held; 2 Dask workers)",
+                    "setting": f"{lsh['segments']} segments; {lsh[f'query {Qn} setting']}",
+                    "recall@10": lsh.get(f"query {Qn} recall@10, segments held"),
+                    "build s": lsh["learn s"] + lsh["index s"],
+                    "query s": lsh[f"query {Qn} s, segments held (as run)"],
+                    "total s": total_held}
+        for r in [held_row, lsh_row, *peers]:
             r["N"], r["Q"] = N, Qn
             r["peer / lshdist"] = r["total s"] / total
+            r["peer / lshdist as run"] = r["total s"] / total_held
             rows.append(r)
             print("  ", {k: (round(x, 3) if isinstance(x, float) else x)
                          for k, x in r.items()}, flush=True)
