@@ -280,8 +280,9 @@ class LearnConfig(Section):
                               "the held-out rows")
     grid_threads: int | None = opt(None, _optional(POSITIVE),
                                    "settings of the metric-selection grid fitted at once on the "
-                                   "driver (default: the cores available to it; the choice does "
-                                   "not depend on it)", metavar="n")
+                                   "driver (default: the cores available to it; the same settings "
+                                   "tried give the same choice — a binding --budget lets more "
+                                   "threads try more of them)", metavar="n")
     sample: int = opt(20_000, POSITIVE,
                       "labelled rows read to learn from (stratified; a larger dataset is "
                       "sampled shard by shard, never loaded whole)", metavar="n")

@@ -15,7 +15,8 @@ setting, so that with no time to spare nothing changes):
   route.
 
 The settings are fitted and scored ``n_threads`` at a time (the driver's cores: ITML's kernel
-is serial); results are taken in grid order, so the choice is the serial one.  Each grid fit
+is serial); results are taken in grid order, so the settings tried give the serial run's
+choice (when the budget binds, more threads start more settings within it).  Each grid fit
 runs with a fifth of the passes (at least 5) — the selection needs the ranking of
 settings, not converged metrics — and the chosen one is refitted with the full passes.  Passes
 are also capped by a work budget (`FIT_WORK`), which binds only for high-dimensional data.
@@ -187,7 +188,7 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
     ``make(changes)`` returns a fresh estimator (ITML or KernelITML) with the user's parameters
     updated by ``changes``.  Returns ``(metric, fitted estimator or None, Selection)``; the
     estimator is None when the prior was selected.  ``n_threads``: grid settings fitted at
-    once (the choice does not depend on it).
+    once (the same settings tried give the same choice).
     """
     t_start = time.perf_counter()
     ks = sorted({1, *ks})
