@@ -77,16 +77,35 @@ def test_permuted_prefix_matches_numpy():
         assert np.array_equal(got, _words(bits[:, perm]).ravel())
 
 
-def test_permuted_prefix_of_whole_byte_positions_matches_numpy():
-    """Positions that read whole key bytes (8 table lookups per prefix) give the prefix a
-    bit-by-bit reference gives, as random positions do."""
+def test_drawn_whole_byte_positions_and_their_prefix():
+    """`draw_positions` for b = 512: 64 distinct bits per list from 8 whole key bytes, the
+    lists of a block of 8 on disjoint bytes, the bits in random order within the prefix (a
+    prefix's leading 8 bits are not one key byte -- the order that cut 20 Newsgroups' recall);
+    the prefix equals a bit-by-bit reference.  Other b: 64 (or b) random distinct bits.
+    Bugs caught: bits of a byte left together; a block's lists reusing a byte; fewer than M
+    lists when M is not a multiple of the block."""
+    from lshdist.index.permutation import draw_positions
+
     rng = np.random.default_rng(1)
     P = rng.normal(size=(200, 512))
     bits = (P >= 0).astype(np.uint8)
     codes = pack_signs(P)
-    for _ in range(4):
-        row = np.concatenate([8 * b + rng.permutation(8) for b in rng.permutation(64)[:8]])
+    pos = draw_positions(np.random.default_rng(2), 512, 20)
+    assert pos.shape == (20, 64) and pos.dtype == np.int64
+    lead_bytes = []
+    for row in pos:
+        assert len(set(row)) == 64 and len(set(row // 8)) == 8
+        assert all(np.sum(row // 8 == b) == 8 for b in row // 8)  # whole bytes
+        lead_bytes.append(len(set(row[:8] // 8)))
         assert np.array_equal(permuted_prefix(codes, row), _words(bits[:, row]).ravel())
+    assert np.mean(lead_bytes) > 4  # the leading 8 bits come from several bytes
+    for blk in (pos[:8], pos[8:16]):
+        assert len(set((blk // 8).ravel())) == 64  # a block's lists share no byte
+    assert not np.array_equal(pos[:8], pos[8:16])
+    for b, L in ((100, 64), (40, 40), (64, 64)):
+        other = draw_positions(np.random.default_rng(3), b, 5)
+        assert other.shape == (5, L) and all(len(set(r)) == L for r in other)
+        assert other.max() < b
 
 
 @settings(max_examples=30, deadline=None)

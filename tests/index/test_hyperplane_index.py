@@ -90,25 +90,30 @@ def _fashion_pca(fashion, n=20_000, dims=32):
     return P, W
 
 
-@pytest.mark.parametrize(("family", "factor"), [("h-hash", 1.2), ("eh-hash", 1.5)])
+@pytest.mark.parametrize(("family", "factor"), [("h-hash", 1.15), ("eh-hash", 1.5)])
 def test_recall_beats_a_random_candidate_set_on_fashion(fashion, family, factor):
     """Fashion-MNIST (20,000 centred images, 32 principal components), 50 classifier-like
     hyperplanes, b=64, M=64, W=16: recall@10 of the hashed search against the exhaustive
     margin ranking, compared with a random candidate set of the same size (expected recall =
-    fraction re-ranked).  Measured: H-Hash 0.118 vs 0.089 (1.33x), EH-Hash 0.152 vs 0.087
-    (1.75x).  Bugs caught: the query hashed with the point side (candidates near the *normal*,
-    the worst points: recall below random), u/v or sign errors (recall = random)."""
+    fraction re-ranked), averaged over 8 seeds (one seed's ratio ranges 0.9-1.6 for H-Hash).
+    Measured (mean over seeds 0-7): H-Hash 1.33x, EH-Hash 1.98x.  Bugs caught: the query
+    hashed with the point side (candidates near the *normal*, the worst points: recall below
+    random), u/v or sign errors (recall = random)."""
     P, W = _fashion_pca(fashion)
     k = 10
-    idx = HyperplaneIndex(family=family, bits=64, n_permutations=64, window=16, seed=1).fit(P)
-    dist, got = idx.query(W, k)
     true = np.argsort(_margins(P, W), axis=0, kind="stable")[:k].T
-    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, true)])
-    scanned = idx.stats_["reranked"].mean() / len(P)
-    assert 0.03 < scanned < 0.15
-    assert recall > factor * scanned, (recall, scanned)
-    # the margins found are far below a typical point's
-    assert np.median(dist[:, 0]) < 0.02 * np.median(_margins(P[:2000], W))
+    ratios = []
+    for seed in range(8):
+        idx = HyperplaneIndex(family=family, bits=64, n_permutations=64, window=16,
+                              seed=seed).fit(P)
+        dist, got = idx.query(W, k)
+        recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(got, true)])
+        scanned = idx.stats_["reranked"].mean() / len(P)
+        assert 0.03 < scanned < 0.15
+        ratios.append(recall / scanned)
+        # the margins found are far below a typical point's
+        assert np.median(dist[:, 0]) < 0.02 * np.median(_margins(P[:2000], W))
+    assert np.mean(ratios) > factor, ratios
 
 
 def test_errors():
