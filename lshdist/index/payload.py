@@ -85,7 +85,8 @@ class DensePayload:
         if query.Z.shape[1] != self.Z.shape[1]:  # the kernel reads d entries of each query
             raise InputError(f"queries have {query.Z.shape[1]} payload columns, the index "
                              f"{self.Z.shape[1]}: were they encoded with the index's model?")
-        if self.Z.shape[1] < QUANTIZED_MIN_COLUMNS:
+        if (self.Z.shape[1] < QUANTIZED_MIN_COLUMNS or len(offsets) < 2
+                or int(np.max(np.diff(offsets))) <= 4 * k):  # the scan's few rows per query
             dist, top = rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
             return dist, top
         dist, top, _ = rerank_dense_quantized(offsets, rows, self.Z, query.Z, k, tiebreak,

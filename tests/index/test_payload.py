@@ -82,3 +82,31 @@ def test_search_answers_do_not_depend_on_query_order_or_threads():
     for j in (0, 17, 299):  # one at a time: no neighbouring queries
         dj, ij = ix.query(Q[j:j + 1], 5, mode="hash")
         assert np.array_equal(ij[0], i1[j]) and np.array_equal(dj[0], d1[j])
+
+
+def test_dense_rerank_through_the_uint8_pass_and_a_pickle():
+    """`DensePayload.rerank` with many candidates per query (the uint8 first pass) answers as
+    `rerank_dense`; with few (the scan's k + 16) it makes no uint8 copy; a pickled payload
+    arrives without its lock and copy and answers the same.  Bugs caught: the copy made for
+    every re-rank (the scan paying for it), the lock pickled (a payload sent to a worker)."""
+    import pickle
+
+    rng = np.random.default_rng(4)
+    Z = rng.normal(size=(2_000, 64)).astype(np.float32)
+    q = DensePayload(rng.normal(size=(5, 64)))
+    ids = rng.permutation(10**6)[:2_000].astype(np.int64)
+    few = np.arange(0, 5 * 20 + 1, 20, dtype=np.int64)
+    p = DensePayload(Z)
+    rows = rng.integers(0, 2_000, size=100).astype(np.int64)
+    p.rerank(few, rows, q, 10, ids)
+    assert p._quantized is None
+    many = np.arange(0, 5 * 300 + 1, 300, dtype=np.int64)
+    rows = np.concatenate([rng.permutation(2_000)[:300] for _ in range(5)]).astype(np.int64)
+    want = rerank_dense(many, rows, Z, q.Z, 10, ids)
+    got = p.rerank(many, rows, q, 10, ids)
+    assert p._quantized is not None
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    back = pickle.loads(pickle.dumps(p))
+    assert back._quantized is None and np.array_equal(back.Z, Z)
+    got = back.rerank(many, rows, q, 10, ids)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
