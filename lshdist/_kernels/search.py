@@ -456,7 +456,11 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     distances (`candidate_hamming`).  The candidates of (M', W') are
     ``full[:, :M', W - W': W + W']`` in list-major order, as `PermutationIndex.candidates`
     returns them.  The cut is `collect_candidates`'s (the smallest Hamming distances, ties in
-    discovery order), by a stable counting sort over the ``n_bits + 1`` distances.
+    discovery order), without sorting: a candidate's place in that order is the number of
+    distinct candidates at a smaller distance plus those at its distance discovered before it,
+    from a histogram over the ``n_bits + 1`` distances; only the true neighbours' and the
+    query's own row's places are needed.  The lists are nested, so one pass over the largest
+    M' of each W' serves every M' (O(M'·W' + |ms|·b) per query and W', not a sort per point).
 
     For each query and grid point: its distinct candidates (-1 ignored), cut to the first
     ``keeps[j]`` (0: all), which of ``truth[q]`` (true neighbours in rank order, -1 padded)
@@ -471,6 +475,7 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     Q, M, T = full.shape
     w_max = T // 2
     nm, nw, nk = ms.shape[0], ws.shape[0], keeps.shape[0]
+    kt = truth.shape[1]
     N = 0
     for q in range(Q):
         for m in range(M):
@@ -480,48 +485,71 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     mark = np.full(max(N, 1), -1, dtype=np.int64)
     good = np.full(max(N, 1), -1, dtype=np.int64)
     rank = np.zeros(max(N, 1), dtype=np.int64)
-    buf = np.empty(M * T, dtype=np.int64)
-    hb = np.empty(M * T, dtype=np.int64)
-    srt = np.empty(M * T, dtype=np.int64)
-    count = np.zeros(n_bits + 2, dtype=np.int64)
-    hits = np.zeros((nm, nw, nk, truth.shape[1]), dtype=np.int64)
+    # per Hamming distance, the distinct candidates seen so far: a candidate's place in the
+    # cut order is (candidates at a smaller distance) + (those at its distance seen before it)
+    hist = np.zeros(n_bits + 1, dtype=np.int64)
+    cum = np.zeros(n_bits + 1, dtype=np.int64)
+    rec_h = np.empty(kt + 1, dtype=np.int64)  # the true neighbours found (and the query's row)
+    rec_tie = np.empty(kt + 1, dtype=np.int64)
+    rec_rank = np.empty(kt + 1, dtype=np.int64)  # -1: the query's own row
+    rec_pos = np.empty(kt + 1, dtype=np.int64)
+    hits = np.zeros((nm, nw, nk, kt), dtype=np.int64)
     reranked = np.zeros((nm, nw, nk), dtype=np.int64)
+    m_last = ms[nm - 1]
     stamp = 0
     for q in range(Q):
-        for t in range(truth.shape[1]):
+        for t in range(kt):
             if 0 <= truth[q, t] < N and good[truth[q, t]] != q:  # a repeated row: first rank
                 good[truth[q, t]] = q
                 rank[truth[q, t]] = t
-        for a in range(nm):
-            mm = ms[a]
-            for b in range(nw):
-                w = ws[b]
-                stamp += 1
-                n = 0
-                for m in range(mm):
-                    for t in range(w_max - w, w_max + w):
-                        v = full[q, m, t]
-                        if v >= 0 and mark[v] != stamp:
-                            mark[v] = stamp
-                            buf[n] = v
-                            hb[n] = ham[q, m, t]
-                            n += 1
-                count[:] = 0
-                for t in range(n):
-                    count[hb[t] + 1] += 1
-                for h in range(1, n_bits + 2):
-                    count[h] += count[h - 1]
-                for t in range(n):  # stable: ties keep discovery order
-                    srt[count[hb[t]]] = buf[t]
-                    count[hb[t]] += 1
-                for j in range(nk):
-                    lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
-                    s = 0
-                    for t in range(lim):
-                        r = srt[t]
-                        if good[r] == q:
-                            hits[a, b, j, rank[r]] += 1
-                        if r == qself[q]:
-                            s += 1
-                    reranked[a, b, j] += lim - s
+        for b in range(nw):
+            w = ws[b]
+            stamp += 1
+            hist[:] = 0
+            n = 0
+            nrec = 0
+            a = 0
+            # the lists are nested: (M', W) holds (M'', W)'s candidates for M'' < M', in the
+            # same discovery order, then its own -- one pass over the largest M' serves all
+            for m in range(m_last):
+                for t in range(w_max - w, w_max + w):
+                    v = full[q, m, t]
+                    if v >= 0 and mark[v] != stamp:
+                        mark[v] = stamp
+                        h = ham[q, m, t]
+                        if good[v] == q or v == qself[q]:
+                            rec_h[nrec] = h
+                            rec_tie[nrec] = hist[h]
+                            rec_rank[nrec] = rank[v] if good[v] == q else -1
+                            nrec += 1
+                            if good[v] == q and v == qself[q]:  # both: counted as each
+                                rec_h[nrec] = h
+                                rec_tie[nrec] = hist[h]
+                                rec_rank[nrec] = -1
+                                nrec += 1
+                        hist[h] += 1
+                        n += 1
+                while a < nm and ms[a] == m + 1:
+                    # each recorded row's place in the cut order: one prefix sum of the
+                    # histogram up to the largest distance recorded
+                    top = -1
+                    for r in range(nrec):
+                        top = max(top, rec_h[r])
+                    less = 0
+                    for h in range(top + 1):
+                        cum[h] = less
+                        less += hist[h]
+                    for r in range(nrec):
+                        rec_pos[r] = cum[rec_h[r]] + rec_tie[r]
+                    for j in range(nk):
+                        lim = n if keeps[j] <= 0 or keeps[j] > n else keeps[j]
+                        s = 0
+                        for r in range(nrec):
+                            if rec_pos[r] < lim:
+                                if rec_rank[r] >= 0:
+                                    hits[a, b, j, rec_rank[r]] += 1
+                                else:
+                                    s += 1
+                        reranked[a, b, j] += lim - s
+                    a += 1
     return hits, reranked

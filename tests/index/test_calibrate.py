@@ -372,3 +372,37 @@ def test_grid_counts_on_threads_equal_one_thread():
     assert one[0].sum() > 0
     np.testing.assert_array_equal(one[0], two[0])
     np.testing.assert_array_equal(one[1], two[1])
+
+
+def test_candidate_recall_grid_with_many_ties_and_repeats():
+    """The grid's places in the cut order (histogram, no sort) against collect_candidates
+    where most candidates tie (keys differing in a few bits), rows repeat across lists and
+    windows, the query's own row is a true neighbour too, and M' stops short of the lists."""
+    rng = np.random.default_rng(3)
+    N, Q, M, W, words = 60, 30, 6, 5, 1
+    codes = (rng.integers(0, 2, size=(N, words)) << rng.integers(0, 3, size=(N, words))
+             ).astype(np.uint64)
+    qcodes = codes[:Q].copy()
+    full = rng.integers(-1, N, size=(Q, M, 2 * W)).astype(np.int64)
+    truth = rng.integers(-1, N, size=(Q, 6)).astype(np.int64)
+    qself = np.arange(Q, dtype=np.int64)
+    truth[:, 0] = qself  # the query's own row listed as its nearest
+    ms, ws = np.array([1, 3, 4]), np.array([1, 2, 5])
+    keeps = np.array([0, 1, 2, 5, 9, 40], np.int64)
+    ham = candidate_hamming(full, codes, qcodes)
+    assert len(np.unique(ham)) <= 4  # mostly ties
+    hits, reranked = candidate_recall_grid(full, ham, 64 * words, truth, qself, ms, ws, keeps)
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            cand = np.ascontiguousarray(full[:, :m, W - w: W + w]).reshape(Q, -1)
+            for j, h in enumerate(keeps):
+                off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
+                owner = np.repeat(np.arange(Q), np.diff(off))
+                ref_hits = np.zeros(truth.shape[1], np.int64)
+                for q in range(Q):
+                    found = np.isin(truth[q], rows[owner == q]) & (truth[q] >= 0)
+                    first = np.array([truth[q, t] not in truth[q, :t] for t in range(6)])
+                    ref_hits += found & first
+                ref_rr = int((rows != qself[owner]).sum())
+                assert np.array_equal(hits[a, b, j], ref_hits), (m, w, h)
+                assert reranked[a, b, j] == ref_rr, (m, w, h)
