@@ -29,3 +29,27 @@ def test_workers_start_single_threaded_whatever_the_driver_env(monkeypatch):
         got = list(client.run(_exec_environ).values())
     assert got == [WORKER_ENV]
     assert all(os.environ[v] == "2" for v in WORKER_ENV)  # the driver's own env is restored
+
+
+def test_warm_kernels_compiles_the_dense_search_path():
+    """`warm_kernels` (run on every worker at job start) leaves every kernel of the dense
+    build, calibration and search compiled, so that no task pays a first use: checked in a
+    fresh interpreter (in this one other tests may have compiled them already).  Bug caught:
+    the warm-up covered 6 of them; a 1 M-row query's first search task compiled for 6-13 s."""
+    import subprocess
+    import sys
+
+    code = """
+from lshdist.cluster.client import warm_kernels
+import lshdist._kernels.hashing as h, lshdist._kernels.search as s, lshdist._kernels.sort as o
+warm_kernels()
+need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_candidates_merge,
+        s.window_candidates_bsearch, s.collect_candidates, s.rerank_dense,
+        s.rerank_dense_quantized, s.quantize_rows, s.smallest_per_row, s.candidate_hamming,
+        s.candidate_recall_grid]
+missing = [f.py_func.__name__ for f in need if not f.signatures]
+assert not missing, missing
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
