@@ -514,7 +514,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
         held += grids
         for _ in _progress(grids, "calibrate", stall):
             pass
-        points = pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs)
+        points = pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs,
+                               parts=len(flat))
         if (fixed.get("window") or max(ws) >= MAX_WINDOW
                 or any(p.recall >= need for p in points)):
             # the first segment is the one calibrated (timed): its scan was timed above

@@ -84,17 +84,24 @@ class Point:
     #: the fraction of the true neighbours that rank j-th within their own segment
     #: (j = 1..k) that the point re-ranks (one segment: of the sample's j-th neighbours)
     rank_recall: tuple[float, ...] | None = None
+    #: the parts (segments) every query searches, each walking its own M lists; ``reranked``
+    #: is already their sum
+    parts: int = 1
 
     def cost(self, width: float) -> float:
         """A deterministic proxy of the search time per query, in units of one number read by
-        the exact re-rank: per list the permuted prefix and the query's place in the list (50
-        units) and the window's 2W entries (a gather, the de-duplication and a Hamming distance
-        each: 45 units), then the exact distance of every re-ranked row (``width`` numbers and
-        8 for its top-k).  Weights from a profile on Fashion-MNIST (10,000 queries, one thread,
-        b = 512: 18 ns per window entry, 0.31 us per re-ranked 784-float row, 0.39 ns per
-        number).  It orders the points; timing decides only hash against scan, so that the
-        same seed always gives the same choice."""
-        return self.permutations * (50 + 90 * self.window) + self.reranked * (width + 8)
+        the exact re-rank: per list of every part the permuted prefix and the query's place in
+        the list (50 units) and the window's 2W entries (a gather, the de-duplication and a
+        Hamming distance each: 45 units), then the exact distance of every re-ranked row
+        (``width`` numbers and 8 for its top-k).  Weights from a profile on Fashion-MNIST
+        (10,000 queries, one thread, b = 512: 18 ns per window entry, 0.31 us per re-ranked
+        784-float row, 0.39 ns per number).  It orders the points; timing decides only hash
+        against scan, so that the same seed always gives the same choice.  (Until session 12
+        the lists were counted once for a merged answer of several segments while the rows
+        re-ranked were summed over them: at 1 M rows in 11 segments that priced list walks 11x
+        too low, and the finer grid then found (96, 32, 60) "cheaper" than (128, 16, 80).)"""
+        return (self.parts * self.permutations * (50 + 90 * self.window)
+                + self.reranked * (width + 8))
 
 
 @dataclass(frozen=True)
@@ -271,11 +278,12 @@ def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
 
 
 def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.ndarray, Q: int,
-                  N: int, ms: Sequence[int], ws: Sequence[int], hs: Sequence[int]
-                  ) -> list[Point]:
+                  N: int, ms: Sequence[int], ws: Sequence[int], hs: Sequence[int],
+                  parts: int = 1) -> list[Point]:
     """The grid points of a merged answer from every part's `grid_counts`: recall = hits of
     true neighbours over all of them (``counts``: true neighbours by rank, summed over parts),
-    rows re-ranked per query summed over the parts (``N``: rows of all parts)."""
+    rows re-ranked per query summed over the parts (``N``: rows of all parts); ``parts``: the
+    parts a query searches, each walking its own lists (`Point.cost`)."""
     hits = np.sum([h for h, _ in stats], axis=0)
     reranked = np.sum([r for _, r in stats], axis=0)
     total = max(float(counts.sum()), 1.0)
@@ -291,7 +299,8 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
                 by_rank = hits[a, b, j] / np.maximum(counts, 1.0)
                 points.append(Point(int(m), int(w), int(h), float(hits[a, b, j].sum()) / total,
                                     kept, kept / max(N, 1),
-                                    rank_recall=tuple(round(float(x), 6) for x in by_rank)))
+                                    rank_recall=tuple(round(float(x), 6) for x in by_rank),
+                                    parts=int(parts)))
     return points
 
 

@@ -96,6 +96,8 @@ def test_an_index_of_several_segments_is_calibrated_for_the_merged_answer(setup)
     assert w.shape == (10,) and w.sum() == pytest.approx(1.0) and w[0] > 2 * w[-1]
     # every true neighbour of the 200-query sample is measured, in its own segment
     assert cal["extra"]["rows_measured"] == 200 * 10
+    # each query walks every segment's lists: the cost model counts all five
+    assert {p["parts"] for p in cal["points"]} == {5}
     # at 1,000 rows of 16-d the scan is the faster (auto keeps it); the hashed point is the
     # one timed against it, and what --mode hash searches at
     chosen = cal["chosen"] or cal["extra"]["timed"]
