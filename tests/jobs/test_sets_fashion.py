@@ -1,7 +1,8 @@
 """Fashion-MNIST as sets of DAISY features, through the command line (slow: real data).
 
 Pins the set kernels' claims on real images at a reduced size: the PMK's k-NN accuracy, and
-its hashed search within 2 points of its scan while re-ranking at most 10 % (README, "Sets of
+its hashed search within 2 points of its scan, re-ranking at most 10 % where calibration
+chose hashing (README, "Sets of
 local features"; the full-size figures are `benchmarks/bench_sets.py`'s).
 """
 
@@ -35,6 +36,16 @@ def test_pmk_on_fashion_daisy(data_root, tmp_path, capsys):
           f"recall@10 {rec[('L2-hash', 10)]['recall_at_k']:.3f}")
     assert scan["knn_accuracy"] >= THRESH_SCAN
     assert hashed["knn_accuracy"] >= scan["knn_accuracy"] - 0.02
-    assert hashed["fraction_searched"] <= 0.10
-    assert rec[("L2-hash", 10)]["recall_at_k"] >= 0.85
+    # where calibration chose the hashed search it re-ranks at most 10 % (at this reduced
+    # size it does for one of the two settings); where `auto` keeps the scan, the hashed
+    # search runs at the reference point, which since session 12 also takes the recall
+    # margin (target + one standard error, as a chosen point does): then it must reach the
+    # target, and re-ranks more (16 % measured for L2, recall@10 0.917)
+    chosen = [r for (name, k), r in rec.items()
+              if k == 1 and name.endswith("-hash") and r["auto_mode"] == "hash"]
+    assert chosen and all(r["fraction_searched"] <= 0.10 for r in chosen)
+    for name in ("L2-hash", "ML-hash"):
+        r10 = rec[(name, 10)]
+        assert r10["recall_at_k"] >= (0.9 if r10["auto_mode"] == "scan" else 0.85), r10
+        assert r10["fraction_searched"] <= 0.25
 
