@@ -50,6 +50,31 @@ def test_scan_when_the_hashed_point_is_no_faster():
     assert (mode, p) == ("scan", None) and "no slower" in why
 
 
+def _assert_grid_is_collect_candidates(full, codes, qcodes, truth, qself, ms, ws, keeps):
+    """`candidate_recall_grid` against the real search's cut (`collect_candidates`) at every
+    (M', W', H): hits by true-neighbour rank (a row repeated in the truth counts once, at its
+    first rank; -1 is no row) and rows re-ranked other than the query's own."""
+    Q, W = len(full), full.shape[2] // 2
+    ham = candidate_hamming(full, codes, qcodes)
+    hits, reranked = candidate_recall_grid(full, ham, 64 * codes.shape[1], truth, qself, ms,
+                                           ws, keeps)
+    kt = truth.shape[1]
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            cand = np.ascontiguousarray(full[:, :m, W - w: W + w]).reshape(Q, -1)
+            for j, h in enumerate(keeps):
+                off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
+                owner = np.repeat(np.arange(Q), np.diff(off))
+                ref_hits = np.zeros(kt, np.int64)
+                for q in range(Q):
+                    found = np.isin(truth[q], rows[owner == q]) & (truth[q] >= 0)
+                    first = np.array([truth[q, t] not in truth[q, :t] for t in range(kt)])
+                    ref_hits += found & first
+                ref_rr = int((rows != qself[owner]).sum())
+                assert np.array_equal(hits[a, b, j], ref_hits), (m, w, h)
+                assert reranked[a, b, j] == ref_rr, (m, w, h)
+
+
 def test_candidate_recall_grid_matches_collect_candidates():
     # catches: a Hamming cut that differs from collect_candidates (ties in discovery order),
     # self-matches counted as hits, off-by-one at the cut, a wrong (M', W') slice
@@ -60,25 +85,9 @@ def test_candidate_recall_grid_matches_collect_candidates():
     full = rng.integers(-1, N, size=(Q, M, 2 * W)).astype(np.int64)
     truth = rng.integers(0, N, size=(Q, 5)).astype(np.int64)
     qself = np.arange(Q, dtype=np.int64)
-    ms, ws = np.array([1, 2, 4]), np.array([1, 3, 6])
-    keeps = np.array([0, 3, 10, 25, 1000], np.int64)
-    ham = candidate_hamming(full, codes, qcodes)
-    hits, reranked = candidate_recall_grid(full, ham, 64 * words, truth, qself, ms, ws, keeps)
-    for a, m in enumerate(ms):
-        for b, w in enumerate(ws):
-            cand = np.ascontiguousarray(full[:, :m, W - w: W + w]).reshape(Q, -1)
-            for j, h in enumerate(keeps):
-                off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
-                owner = np.repeat(np.arange(Q), np.diff(off))
-                ref_hits = np.zeros(truth.shape[1], np.int64)
-                for q in range(Q):
-                    found = np.isin(truth[q], rows[owner == q])
-                    # a rank holding a row that is also at a better rank counts once, there
-                    first = np.array([truth[q, t] not in truth[q, :t] for t in range(5)])
-                    ref_hits += found & first
-                ref_rr = int((rows != qself[owner]).sum())
-                assert np.array_equal(hits[a, b, j], ref_hits), (m, w, h)
-                assert reranked[a, b, j] == ref_rr, (m, w, h)
+    _assert_grid_is_collect_candidates(full, codes, qcodes, truth, qself, np.array([1, 2, 4]),
+                                       np.array([1, 3, 6]),
+                                       np.array([0, 3, 10, 25, 1000], np.int64))
 
 
 def _index(seed=0, n=1500, d=12):
@@ -389,25 +398,10 @@ def test_candidate_recall_grid_with_many_ties_and_repeats():
     truth = rng.integers(-1, N, size=(Q, 6)).astype(np.int64)
     qself = np.arange(Q, dtype=np.int64)
     truth[:, 0] = qself  # the query's own row listed as its nearest
-    ms, ws = np.array([1, 3, 4]), np.array([1, 2, 5])
-    keeps = np.array([0, 1, 2, 5, 9, 40], np.int64)
-    ham = candidate_hamming(full, codes, qcodes)
-    assert len(np.unique(ham)) <= 4  # mostly ties
-    hits, reranked = candidate_recall_grid(full, ham, 64 * words, truth, qself, ms, ws, keeps)
-    for a, m in enumerate(ms):
-        for b, w in enumerate(ws):
-            cand = np.ascontiguousarray(full[:, :m, W - w: W + w]).reshape(Q, -1)
-            for j, h in enumerate(keeps):
-                off, rows, _ = collect_candidates(cand, codes, qcodes, int(h))
-                owner = np.repeat(np.arange(Q), np.diff(off))
-                ref_hits = np.zeros(truth.shape[1], np.int64)
-                for q in range(Q):
-                    found = np.isin(truth[q], rows[owner == q]) & (truth[q] >= 0)
-                    first = np.array([truth[q, t] not in truth[q, :t] for t in range(6)])
-                    ref_hits += found & first
-                ref_rr = int((rows != qself[owner]).sum())
-                assert np.array_equal(hits[a, b, j], ref_hits), (m, w, h)
-                assert reranked[a, b, j] == ref_rr, (m, w, h)
+    assert len(np.unique(candidate_hamming(full, codes, qcodes))) <= 4  # mostly ties
+    _assert_grid_is_collect_candidates(full, codes, qcodes, truth, qself, np.array([1, 3, 4]),
+                                       np.array([1, 2, 5]),
+                                       np.array([0, 1, 2, 5, 9, 40], np.int64))
 
 
 def test_cost_counts_the_lists_of_every_part():
