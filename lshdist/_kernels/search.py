@@ -509,6 +509,8 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
             n = 0
             nrec = 0
             a = 0
+            while a < nm and ms[a] <= 0:  # M' = 0: no candidates (left at zero)
+                a += 1
             # the lists are nested: (M', W) holds (M'', W)'s candidates for M'' < M', in the
             # same discovery order, then its own -- one pass over the largest M' serves all
             for m in range(m_last):
