@@ -87,3 +87,8 @@ class RerankPayload(Protocol):
                tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k of each query's candidates: ``(float32 (Q, k), int64 rows (Q, k))``."""
         ...
+
+    def prepare(self, n_threads: int = 1) -> None:
+        """Make, on ``n_threads`` threads, what the re-rank of many candidates keeps in memory
+        (a no-op for payloads that keep nothing)."""
+        ...

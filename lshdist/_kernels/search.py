@@ -177,46 +177,53 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     return out_d, out_r
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def quantize_rows(Z):
-    """Rows of ``Z`` float32 (N, d) on a per-column uint8 grid for a first, approximate pass of
-    the re-rank (`rerank_dense_quantized`): ``lo`` float32 (d,) the column minima, ``step``
-    float32 (d,) ``(max - min) / 255`` (0 for a constant column), ``U`` uint8 (N, d) with
-    ``Z ~ lo + step U`` (rounded to the nearest step), ``err`` float64 (N,) each row's
-    exact distance to its grid point, ``||z - (lo + step u)||`` in float64 (at most
-    ``||step|| / 2``), and ``scale`` (float64) ``max |z| + |lo| + max |step u|``, which bounds
-    every magnitude the two distance sums meet apart from the query's."""
-    N, d = Z.shape
+@njit(cache=True, nogil=True)
+def column_bounds(Z, start, stop):
+    """Column minima and maxima (float32 (d,) each) of rows ``start:stop`` of ``Z``; +inf and
+    -inf for no rows.  The bounds of a row range are the element-wise min / max of its parts'
+    (`quantize_rows` in parts, on threads)."""
+    d = Z.shape[1]
     lo = np.empty(d, dtype=np.float32)
     hi = np.empty(d, dtype=np.float32)
     for j in range(d):
         lo[j] = np.inf
         hi[j] = -np.inf
-    for r in range(N):
+    for r in range(start, stop):
         for j in range(d):
             v = Z[r, j]
             if v < lo[j]:
                 lo[j] = v
             if v > hi[j]:
                 hi[j] = v
+    return lo, hi
+
+
+@njit(cache=True, nogil=True)
+def grid_steps(lo, hi, n):
+    """``step`` float32 (d,) ``(hi - lo) / 255`` (0 for a constant column or no rows) and its
+    float64 inverse (0 where the step is 0)."""
+    d = lo.shape[0]
     step = np.zeros(d, dtype=np.float32)
     inv = np.zeros(d)
     for j in range(d):
-        if N > 0 and hi[j] > lo[j]:
+        if n > 0 and hi[j] > lo[j]:
             step[j] = np.float32((np.float64(hi[j]) - np.float64(lo[j])) / 255.0)
             if step[j] > 0:
                 inv[j] = 1.0 / np.float64(step[j])
-    U = np.zeros((N, d), dtype=np.uint8)
-    err = np.zeros(N)
-    z_max = 0.0
-    g_max = 0.0
-    lo_norm = 0.0
-    for j in range(d):
-        lo_norm += np.float64(lo[j]) * np.float64(lo[j])
+    return step, inv
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def quantize_block(Z, lo, step, inv, U, err, start, stop):
+    """Rows ``start:stop`` of ``Z`` onto the grid ``lo + step u``: fills ``U`` and ``err``
+    there (see `quantize_rows`) and returns those rows' largest ``||z||`` and ``||step u||``."""
+    d = Z.shape[1]
     lo64 = lo.astype(np.float64)
     step64 = step.astype(np.float64)
     uf = np.empty(d)
-    for r in range(N):
+    z_max = 0.0
+    g_max = 0.0
+    for r in range(start, stop):
         e = 0.0
         zn = 0.0
         gn = 0.0
@@ -235,7 +242,35 @@ def quantize_rows(Z):
         err[r] = np.sqrt(e)
         z_max = max(z_max, np.sqrt(zn))
         g_max = max(g_max, np.sqrt(gn))
-    return lo, step, U, err, z_max + np.sqrt(lo_norm) + g_max
+    return z_max, g_max
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows(Z):
+    """Rows of ``Z`` float32 (N, d) on a per-column uint8 grid for a first, approximate pass of
+    the re-rank (`rerank_dense_quantized`): ``lo`` float32 (d,) the column minima, ``step``
+    float32 (d,) ``(max - min) / 255`` (0 for a constant column), ``U`` uint8 (N, d) with
+    ``Z ~ lo + step U`` (rounded to the nearest step), ``err`` float64 (N,) each row's
+    exact distance to its grid point, ``||z - (lo + step u)||`` in float64 (at most
+    ``||step|| / 2``), and ``scale`` (float64) ``max |z| + |lo| + max |step u|``, which bounds
+    every magnitude the two distance sums meet apart from the query's.  In one piece; the
+    payload runs the same three steps on row ranges in parallel (the same result)."""
+    N, d = Z.shape
+    lo, hi = column_bounds(Z, 0, N)
+    step, inv = grid_steps(lo, hi, N)
+    U = np.zeros((N, d), dtype=np.uint8)
+    err = np.zeros(N)
+    z_max, g_max = quantize_block(Z, lo, step, inv, U, err, 0, N)
+    return lo, step, U, err, grid_scale(lo, z_max, g_max)
+
+
+@njit(cache=True, nogil=True)
+def grid_scale(lo, z_max, g_max):
+    """``max |z| + |lo| + max |step u|`` (`quantize_rows`' ``scale``), ``|lo|`` in float64."""
+    lo_norm = 0.0
+    for j in range(lo.shape[0]):
+        lo_norm += np.float64(lo[j]) * np.float64(lo[j])
+    return z_max + np.sqrt(lo_norm) + g_max
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

@@ -6,9 +6,11 @@ Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ce
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from lshdist._kernels.hashing import gaussian_rows, pack_signs, pack_signs_exact
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
@@ -70,14 +72,18 @@ class HashFamily:
         ``project(X) = X W - off``."""  # pragma: no cover - interface
         raise NotImplementedError
 
-    def hash(self, X: RowsLike) -> np.ndarray:
+    def hash(self, X: RowsLike, *, n_threads: int = 1) -> np.ndarray:
         """Packed keys, uint64 (n, ceil(bits / 64)).
 
         Dense rows of the float32 families are projected by BLAS in blocks of
         `HASH_BLOCK_ROWS` rows, and every sign within float32 rounding of 0 is settled by the
         float64 product summed in one fixed order (`pack_signs_exact`): a row's key does not
         depend on how the rows were chunked (shards, segments, query batches) nor on the BLAS
-        build or CPU -- BLAS kernels sum a row differently by its position in the block."""
+        build or CPU -- BLAS kernels sum a row differently by its position in the block.
+        ``n_threads`` > 1: the rows in that many parts, each projected by single-threaded BLAS
+        and packed on its own thread (`pack_signs_exact` is serial: with one caller, BLAS
+        used both cores and the packing one; Fashion-MNIST 60,000 rows, b = 512, 2 threads:
+        0.31 -> 0.24 s).  The keys are the same whatever ``n_threads``."""
         if self.float32_blas and isinstance(X, np.ndarray) and X.ndim == 2:
             X32, W, off = self._f32_terms(X)
             if self._exact is None:
@@ -92,11 +98,22 @@ class HashFamily:
             Wt, wtol32, otol32 = self._exact
             n = len(X32)
             out = np.empty((n, (self.bits + 63) // 64), dtype=np.uint64)
-            for lo in range(0, n, HASH_BLOCK_ROWS):
-                blk = np.ascontiguousarray(X32[lo:lo + HASH_BLOCK_ROWS])
-                P = blk @ W - off
-                xnorm = np.sqrt(np.einsum("ij,ij->i", blk, blk))
-                out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32, otol32)
+
+            def rows(start: int, stop: int) -> None:
+                for lo in range(start, stop, HASH_BLOCK_ROWS):
+                    blk = np.ascontiguousarray(X32[lo:min(lo + HASH_BLOCK_ROWS, stop)])
+                    P = blk @ W - off
+                    xnorm = np.sqrt(np.einsum("ij,ij->i", blk, blk))
+                    out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32,
+                                                             otol32)
+
+            parts = min(int(n_threads), n // (4 * HASH_BLOCK_ROWS))
+            if parts <= 1:
+                rows(0, n)
+            else:
+                edges = np.linspace(0, n, parts + 1).astype(int)
+                with threadpool_limits(1), ThreadPoolExecutor(parts) as pool:
+                    list(pool.map(rows, edges[:-1], edges[1:]))
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys

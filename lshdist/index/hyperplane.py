@@ -84,6 +84,9 @@ class MarginDensePayload:
         self.X = np.ascontiguousarray(X, dtype=dtype)
         self.inv_norm = None if inv_norm is None else np.ascontiguousarray(inv_norm, np.float64)
 
+    def prepare(self, n_threads: int = 1) -> None:
+        """Nothing to make ahead (the re-rank reads the arrays as stored)."""
+
     def __len__(self) -> int:
         return int(self.X.shape[0])
 
@@ -148,6 +151,9 @@ class MarginSparsePayload:
         self.indices = np.ascontiguousarray(indices, dtype=np.uint64)
         self.data = np.ascontiguousarray(data, dtype=np.float32)
         self.inv_norm = None if inv_norm is None else np.ascontiguousarray(inv_norm, np.float64)
+
+    def prepare(self, n_threads: int = 1) -> None:
+        """Nothing to make ahead (the re-rank reads the arrays as stored)."""
 
     def __len__(self) -> int:
         return len(self.indptr) - 1

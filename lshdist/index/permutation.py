@@ -375,6 +375,8 @@ class PermutationIndex:
         order = (radix_argsort_u64(permuted_prefix(qcodes, self.positions_[0]))
                  if Q > 1 else np.arange(Q))
         parts = _split(Q, n_threads)
+        if Q and (op[2] == 0 or op[2] > 4 * k):  # many candidates a query: the payload's
+            self.payload_.prepare(max(1, n_threads))  # copy made on every thread, not on one
 
         def run(part: tuple[int, int]) -> tuple[np.ndarray, ...]:
             # in blocks: a block's window candidates are (rows, 2 M W) entries, which for wide

@@ -37,9 +37,10 @@ RECALIBRATE_QUERIES = 20 * SAMPLE_QUERIES
 log = logging.getLogger(__name__)
 
 
-def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = False
-           ) -> tuple[np.ndarray, RerankPayload]:
-    """Keys and re-rank payload of rows ``X``; kernel values are computed once for both."""
+def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = False,
+           n_threads: int = 1) -> tuple[np.ndarray, RerankPayload]:
+    """Keys and re-rank payload of rows ``X``; kernel values are computed once for both;
+    ``n_threads``: threads of the (dense, float32) hashing (`HashFamily.hash`)."""
     B = metric.check(as_block(X))
     kx = None
     if isinstance(metric, ImplicitMetric) and not metric.is_identity:
@@ -47,7 +48,7 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     if isinstance(family, LearnedImplicit):
         codes = family.hash_with(B, kx)
     else:
-        codes = family.hash(B)
+        codes = family.hash(B, n_threads=n_threads)
     payload: RerankPayload = make_payload(metric, B, query=query, kx=kx)
     return codes, payload
 
@@ -184,7 +185,7 @@ class MetricIndex:
             ) -> MetricIndex:
         self.family_ = family_for(self.metric, bits=self.bits, seed=self.seed,
                                   learned=self.learned)
-        codes, payload = encode(self.metric, self.family_, X)
+        codes, payload = encode(self.metric, self.family_, X, n_threads=n_threads)
         lists = self.n_permutations
         if self.target_recall is not None:
             lists = calibrated_lists(len(codes), n_permutations=self.n_permutations,
@@ -195,6 +196,9 @@ class MetricIndex:
             hamming_keep=0 if self.hamming_keep is None else self.hamming_keep,
             seed=permutation_seed(self.seed),
         ).fit(codes, self.family_.bits, payload, ids, n_threads=n_threads)
+        # the re-rank's in-memory structures (the dense payload's uint8 copy) belong to the
+        # build: made here on every thread, not inside the first timed or bulk search
+        payload.prepare(n_threads)
         self.fixed_: dict[str, int | None] = {
             "permutations": lists if (self.n_permutations or self.epsilon) else None,
             "window": self.window, "hamming_keep": self.hamming_keep}
@@ -260,7 +264,8 @@ class MetricIndex:
         elif mode == "hash":
             self.mode_  # noqa: B018  (the calibrated operating point, computed on first use)
         self.last_mode_ = mode
-        qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True)
+        qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True,
+                                 n_threads=n_threads)
         dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
                                   n_threads=n_threads,
                                   n_permutations=getattr(self, "op_permutations_", None))

@@ -45,7 +45,8 @@ import lshdist._kernels.hashing as h, lshdist._kernels.search as s, lshdist._ker
 warm_kernels()
 need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_candidates_merge,
         s.window_candidates_bsearch, s.collect_candidates, s.rerank_dense,
-        s.rerank_dense_quantized, s.quantize_rows, s.smallest_per_row, s.candidate_hamming,
+        s.rerank_dense_quantized, s.column_bounds, s.grid_steps, s.quantize_block, s.grid_scale,
+        s.smallest_per_row, s.candidate_hamming,
         s.candidate_recall_grid]
 missing = [f.py_func.__name__ for f in need if not f.signatures]
 assert not missing, missing

@@ -144,7 +144,7 @@ def test_explicit_float32_projection_matches_float64_reference_and_blocks(monkey
 
 
 @pytest.mark.parametrize("family", ["explicit", "charikar"])
-def test_float32_keys_do_not_depend_on_the_chunking(family):
+def test_float32_keys_do_not_depend_on_the_chunking(family, monkeypatch):
     """Keys of the same rows hashed whole, in uneven chunks and one row at a time are equal bit
     for bit (every BLAS call has the same shape), on rows built to have projections near 0."""
     rng = np.random.default_rng(5)
@@ -167,6 +167,13 @@ def test_float32_keys_do_not_depend_on_the_chunking(family):
     assert np.array_equal(parts, whole)
     for i in rng.choice(3000, size=60, replace=False):
         assert np.array_equal(fam.hash(X[i:i + 1]), whole[i:i + 1])
+    # on several threads (each a share of the rows on single-threaded BLAS): the same keys,
+    # the last part's uneven end included
+    import lshdist.hashing.families as fams
+
+    monkeypatch.setattr(fams, "HASH_BLOCK_ROWS", 100)  # 2999 rows: up to 7 parts
+    for threads in (2, 3):
+        assert np.array_equal(fam.hash(X[:2999], n_threads=threads), whole[:2999])
     # and they are the signs of the float64 product (the BLAS build and CPU do not matter)
     X32, W, off = fam._f32_terms(X)
     T = X32.astype(np.float64) @ W.astype(np.float64) - off.astype(np.float64)

@@ -110,3 +110,27 @@ def test_dense_rerank_through_the_uint8_pass_and_a_pickle():
     assert back._quantized is None and np.array_equal(back.Z, Z)
     got = back.rerank(many, rows, q, 10, ids)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_uint8_copy_on_threads_equals_the_serial_kernel():
+    """`quantize_parallel` (row ranges on threads; what `DensePayload.prepare` runs) gives
+    `quantize_rows`' arrays and scale exactly, with uneven ranges and a column whose minimum
+    and maximum fall in different ranges.  Bugs caught: bounds of one range only (rows of the
+    other overflow the grid), the largest norm of one range in the scale, a range's rows left
+    unfilled."""
+    from lshdist._kernels.search import quantize_rows
+    from lshdist.index.payload import quantize_parallel
+
+    rng = np.random.default_rng(8)
+    Z = (rng.normal(size=(12_301, 40)) * rng.uniform(0.1, 50, 40)).astype(np.float32)
+    Z[5, 7], Z[12_300, 7] = -900.0, 900.0  # column 7's extremes at both ends
+    Z[9_000] *= 30  # the largest row norm in the last range
+    want = quantize_rows(Z)
+    for threads in (1, 2, 3):
+        got = quantize_parallel(Z, threads)
+        for a, b in zip(got[:4], want[:4]):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        assert got[4] == want[4]
+    p = DensePayload(Z)
+    p.prepare(2)
+    assert p._quantized is not None and np.array_equal(p._quantized[2], want[2])
