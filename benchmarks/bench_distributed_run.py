@@ -197,7 +197,7 @@ def main():
         "lshdist rounds": lrows,
     }
     j, m = common.write_results(
-        "distributed_run_fashion", tables,
+        os.environ.get("BENCH_NAME", "distributed_run_fashion"), tables,
         title="lshdist run (fashion-mnist.yaml, 2 Dask workers) vs FAISS flat on Gx",
         notes=notes, peer_modules=("faiss", "distributed"),
         extra={"paired": paired, "summary": summ, "learn_params": params})

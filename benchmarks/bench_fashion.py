@@ -308,7 +308,7 @@ def main():
         "lshdist numba compilation (reported apart, cold cache)": compile_rows,
     }
     j, m = common.write_results(
-        "fashion_mnist_knn", tables,
+        os.environ.get("BENCH_NAME", "fashion_mnist_knn"), tables,
         title="k-NN search on Fashion-MNIST: lshdist (calibrated) vs FAISS vs hnswlib",
         notes=notes, peer_modules=("faiss", "hnswlib"),
         extra={"paired": paired, "summary": summ, "loadavg_during": [
