@@ -319,7 +319,7 @@ def main():
         "lshdist numba compilation (reported apart, cold cache)": compile_rows,
     }
     j, m = common.write_results(
-        "shifted_fashion_knn", tables,
+        os.environ.get("BENCH_NAME", "shifted_fashion_knn"), tables,
         title="k-NN on shifted Fashion-MNIST (240,000 rows): lshdist vs FAISS flat vs hnswlib",
         notes=notes, peer_modules=("faiss", "hnswlib"),
         extra={"paired": paired, "summary": summ, "calibration": cal.to_json(),
