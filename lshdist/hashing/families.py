@@ -6,6 +6,7 @@ Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ce
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 if TYPE_CHECKING:
     from lshdist.protocols import Metric
 
+#: held while a hash runs on several threads with BLAS limited to one (`HashFamily.hash`)
+_THREADED_HASH = threading.Lock()
 #: rows projected at once by `HashFamily.hash`: a (rows, b) float32 block stays in cache
 HASH_BLOCK_ROWS = 256
 
@@ -112,7 +115,10 @@ class HashFamily:
                 rows(0, n)
             else:
                 edges = np.linspace(0, n, parts + 1).astype(int)
-                with threadpool_limits(1), ThreadPoolExecutor(parts) as pool:
+                # the BLAS limit is process-wide, saved and restored: one threaded hash at a
+                # time, so that overlapping calls cannot restore each other's limit
+                with (_THREADED_HASH, threadpool_limits(1, user_api="blas"),
+                      ThreadPoolExecutor(parts) as pool):
                     list(pool.map(rows, edges[:-1], edges[1:]))
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))

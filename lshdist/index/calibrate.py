@@ -419,6 +419,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     scan_topk(index.payload_.take(slice(0, min(N, 64))), qpayload.take(slice(0, 1)), 1)
     nw = min(Q, TIMED_QUERIES)
     index.search(qcodes[:nw], qpayload.take(slice(0, nw)), 1, n_permutations=1, window=1)
+    index.payload_.prepare(n_threads)  # what the search keeps in memory, made before any timing
     truth = np.full((Q, ks), -1, dtype=np.int64)
     if merged is not None and merged[3] is not None:
         scan_s = float(merged[3])  # the grid is given and the scan was timed with it

@@ -181,7 +181,8 @@ class KernelPayload:
         self.sx = np.ascontiguousarray(sx, dtype=np.float64)
 
     def prepare(self, n_threads: int = 1) -> None:
-        """Nothing to make ahead (the re-rank reads the arrays as stored)."""
+        """Number the rows' features locally (`_local`) before a search's threads share it."""
+        self._local()
 
     def __len__(self) -> int:
         return len(self.sx)
@@ -241,8 +242,10 @@ class KernelPayload:
     def _local(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows over local feature numbers: (sorted unique feature ids, int32 per nonzero)."""
         if not hasattr(self, "_features"):
-            self._features, inv = np.unique(self.indices, return_inverse=True)
+            features, inv = np.unique(self.indices, return_inverse=True)
+            # both set before either is seen: a search's other thread tests `_features`
             self._local_idx = inv.astype(np.int32).ravel()
+            self._features = features
         return self._features, self._local_idx
 
     def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: KernelPayload, k: int,

@@ -422,3 +422,33 @@ def test_cost_counts_the_lists_of_every_part():
                     points=(narrow,), mode="scan", chosen=None, reason="").to_json()
     del d["points"][0]["parts"]
     assert Calibration.from_json(d).points[0].parts == 1
+
+
+def test_calibration_makes_the_search_structures_before_timing(monkeypatch):
+    """A segment fitted without them (as a worker fits one) gets the re-rank's in-memory
+    structures (the dense payload's uint8 copy) before calibration times anything, whatever
+    the index's own Hamming cut: a copy made inside the first timed run would be timed as
+    search.  Bug caught: the warm-up on a few rows, which left the copy to the cut-dependent
+    `prepare` of the warm-up search (an index cut of 1..4 rows with k <= 4 skipped it)."""
+    from lshdist.index.permutation import PermutationIndex
+
+    X, metric = _index(d=40)  # >= 32 columns: the re-rank takes the uint8 first pass
+    ix = MetricIndex(metric, bits=64, n_permutations=16, window=2, hamming_keep=3).fit(X)
+    payload = type(ix.index_.payload_)(ix.index_.payload_.Z)  # a fresh, unprepared copy
+    seg = PermutationIndex(n_permutations=16, window=2, hamming_keep=3, seed=1).fit(
+        ix.index_.codes_, 64, payload)
+    assert payload._quantized is None
+    qrows = np.arange(0, 1500, 15, dtype=np.int64)
+    qc, qp = encode(metric, ix.family_, X[qrows], query=True)
+    import lshdist.index.calibrate as calibration
+
+    made = []  # at every timed scan of the whole database: was the copy there already?
+
+    def scan(payload_, *args, **kwargs):
+        if len(payload_) == len(X):
+            made.append(payload._quantized is not None)
+        return scan_topk(payload_, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "scan_topk", scan)
+    calibrate(seg, qrows, qc, qp, k=3, target=0.5)
+    assert made and all(made)
