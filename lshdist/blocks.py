@@ -134,6 +134,13 @@ RowIndex: TypeAlias = "np.ndarray | Sequence[int]"
 RowsLike: TypeAlias = "ArrayLike | SparseBlock | sp.spmatrix"
 
 
+def row_ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    """``n`` rows in ``parts`` (at least 1) contiguous, nearly equal ranges ``(start, stop)``;
+    empty ranges left out (none for ``n = 0``).  How work is shared among threads."""
+    b = np.linspace(0, n, max(1, int(parts)) + 1).astype(int)
+    return [(int(b[i]), int(b[i + 1])) for i in range(len(b) - 1) if b[i + 1] > b[i]]
+
+
 def n_rows(X: RowsLike) -> int:
     """Rows of a dense array or a `SparseBlock`."""
     return X.n_rows if isinstance(X, SparseBlock) else int(np.asarray(X).shape[0])

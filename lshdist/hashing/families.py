@@ -14,7 +14,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from lshdist._kernels.hashing import gaussian_rows, pack_signs, pack_signs_exact
-from lshdist.blocks import Block, RowsLike, SparseBlock, as_block
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, row_ranges
 from lshdist.errors import InputError
 from lshdist.limits import MAX_BITS
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
@@ -110,16 +110,15 @@ class HashFamily:
                     out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32,
                                                              otol32)
 
-            parts = min(int(n_threads), n // (4 * HASH_BLOCK_ROWS))
-            if parts <= 1:
+            parts = row_ranges(n, min(int(n_threads), n // (4 * HASH_BLOCK_ROWS)))
+            if len(parts) <= 1:
                 rows(0, n)
             else:
-                edges = np.linspace(0, n, parts + 1).astype(int)
                 # the BLAS limit is process-wide, saved and restored: one threaded hash at a
                 # time, so that overlapping calls cannot restore each other's limit
                 with (_THREADED_HASH, threadpool_limits(1, user_api="blas"),
-                      ThreadPoolExecutor(parts) as pool):
-                    list(pool.map(rows, edges[:-1], edges[1:]))
+                      ThreadPoolExecutor(len(parts)) as pool):
+                    list(pool.map(lambda sp: rows(*sp), parts))
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys

@@ -19,7 +19,6 @@ the index manifest and printed by ``lshdist info``.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from lshdist._kernels.search import candidate_hamming, candidate_recall_grid
+from lshdist.blocks import row_ranges
 from lshdist.errors import FormatError, InputError
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
@@ -271,9 +271,8 @@ def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
     n_parts = max(1, min(int(n_threads), Q // 16))
     if n_parts == 1:
         return part(slice(0, Q))
-    edges = np.linspace(0, Q, n_parts + 1).astype(int)
     with ThreadPoolExecutor(n_parts) as pool:
-        parts = list(pool.map(part, [slice(a, b) for a, b in itertools.pairwise(edges)]))
+        parts = list(pool.map(part, [slice(a, b) for a, b in row_ranges(Q, n_parts)]))
     return np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0)
 
 
@@ -415,7 +414,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     # the bulk search, and `auto` keep the scan on Letter)
     # (the scan's kernels on a few rows: a scan of the whole database for one query read every
     # row and, taking the re-rank's wide path, made its uint8 copy -- 0.16 s of a 0.37 s
-    # Fashion-MNIST calibration; the copy is the search's, made where it first re-ranks many)
+    # Fashion-MNIST calibration; the copy is made by `prepare` below, on the threads given)
     scan_topk(index.payload_.take(slice(0, min(N, 64))), qpayload.take(slice(0, 1)), 1)
     nw = min(Q, TIMED_QUERIES)
     index.search(qcodes[:nw], qpayload.take(slice(0, nw)), 1, n_permutations=1, window=1)

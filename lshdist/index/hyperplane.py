@@ -36,11 +36,11 @@ from lshdist._kernels.hyperplane import (
     rerank_margin_dense,
     rerank_margin_sparse,
 )
-from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.payload import csr_take
-from lshdist.index.permutation import PermutationIndex, _split
+from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import permutation_seed
 from lshdist.validation import check_k
@@ -153,7 +153,8 @@ class MarginSparsePayload:
         self.inv_norm = None if inv_norm is None else np.ascontiguousarray(inv_norm, np.float64)
 
     def prepare(self, n_threads: int = 1) -> None:
-        """Nothing to make ahead (the re-rank reads the arrays as stored)."""
+        """Number the rows' features locally (`_local`) before a search's threads share it."""
+        self._local()
 
     def __len__(self) -> int:
         return len(self.indptr) - 1
@@ -202,8 +203,10 @@ class MarginSparsePayload:
 
     def _local(self) -> tuple[np.ndarray, np.ndarray]:
         if not hasattr(self, "_features"):
-            self._features, inv = np.unique(self.indices, return_inverse=True)
+            features, inv = np.unique(self.indices, return_inverse=True)
+            # both set before either is seen: a search's other thread tests `_features`
             self._local_idx = inv.astype(np.int32).ravel()
+            self._features = features
         return self._features, self._local_idx
 
     def _query_norms(self, query: MarginSparsePayload) -> np.ndarray:
@@ -465,8 +468,7 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
         raise InputError(f"hyperplane keys have shape {qcodes.shape}; the segment's keys have "
                          f"{index.codes_.shape[1]} words of 64 bits: hash the hyperplanes with "
                          "the family the segment was built with")
-    if hasattr(index.payload_, "_local"):  # sparse payload: set up before threads share it
-        index.payload_._local()
+    index.payload_.prepare(n_threads)  # what the re-rank keeps, made before threads share it
 
     def run(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = part
@@ -477,7 +479,7 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
                                           index.ids_)
         return dist, top
 
-    parts = _split(Q, n_threads) or [(0, Q)]
+    parts = row_ranges(Q, n_threads) or [(0, Q)]
     if len(parts) == 1:
         results = [run(parts[0])]
     else:

@@ -15,6 +15,7 @@ from lshdist._kernels.search import (
     window_candidates_merge,
 )
 from lshdist._kernels.sort import radix_argsort_u64
+from lshdist.blocks import row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
 from lshdist.validation import check_k
@@ -165,11 +166,6 @@ def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
     return np.stack(rows).astype(np.int64)
 
 
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
-    b = np.linspace(0, n, max(1, parts) + 1).astype(int)
-    return [(int(b[i]), int(b[i + 1])) for i in range(len(b) - 1) if b[i + 1] > b[i]]
-
-
 class PermutationIndex:
     """M random permutations of the key bits; per permutation the rows sorted by permuted key.
 
@@ -225,7 +221,7 @@ class PermutationIndex:
                 sorted_prefix[m] = prefix[order]
                 sorted_rows[m] = order
 
-        parts = _split(M, n_threads)
+        parts = row_ranges(M, n_threads)
         if len(parts) > 1:  # the kernel and numpy's sort release the GIL
             with ThreadPoolExecutor(len(parts)) as pool:
                 list(pool.map(build, parts))
@@ -374,9 +370,7 @@ class PermutationIndex:
         # Fashion-MNIST); every query's answer is independent of the order
         order = (radix_argsort_u64(permuted_prefix(qcodes, self.positions_[0]))
                  if Q > 1 else np.arange(Q))
-        parts = _split(Q, n_threads)
-        if Q and (op[2] == 0 or op[2] > 4 * k):  # many candidates a query: the payload's
-            self.payload_.prepare(max(1, n_threads))  # copy made on every thread, not on one
+        parts = row_ranges(Q, n_threads)
 
         def run(part: tuple[int, int]) -> tuple[np.ndarray, ...]:
             # in blocks: a block's window candidates are (rows, 2 M W) entries, which for wide
