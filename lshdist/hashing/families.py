@@ -6,24 +6,20 @@ Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ce
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from lshdist._kernels.hashing import gaussian_rows, pack_signs, pack_signs_exact
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, row_ranges
 from lshdist.errors import InputError
-from lshdist.limits import MAX_BITS
+from lshdist.limits import MAX_BITS, one_blas_thread
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
 if TYPE_CHECKING:
     from lshdist.protocols import Metric
 
-#: held while a hash runs on several threads with BLAS limited to one (`HashFamily.hash`)
-_THREADED_HASH = threading.Lock()
 #: rows projected at once by `HashFamily.hash`: a (rows, b) float32 block stays in cache
 HASH_BLOCK_ROWS = 256
 
@@ -114,10 +110,7 @@ class HashFamily:
             if len(parts) <= 1:
                 rows(0, n)
             else:
-                # the BLAS limit is process-wide, saved and restored: one threaded hash at a
-                # time, so that overlapping calls cannot restore each other's limit
-                with (_THREADED_HASH, threadpool_limits(1, user_api="blas"),
-                      ThreadPoolExecutor(len(parts)) as pool):
+                with one_blas_thread(), ThreadPoolExecutor(len(parts)) as pool:
                     list(pool.map(lambda sp: rows(*sp), parts))
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))

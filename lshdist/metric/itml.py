@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from lshdist._kernels.itml import itml_basis, itml_explicit
+from lshdist._kernels.itml import explicit_block, itml_basis, itml_explicit
 from lshdist.blocks import Block, BlockT, RowsLike, SparseBlock, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.metric.constraints import (
@@ -193,7 +193,7 @@ class ITML(_ITMLParams):
         A = np.ascontiguousarray(A0.copy())
         n_iter, conv = itml_explicit(
             A, np.ascontiguousarray(V), delta_, xi, np.zeros(len(V)), float(self.gamma),
-            int(self.max_iter), float(self.tol),
+            int(self.max_iter), float(self.tol), explicit_block(A.shape[0]),
         )
         log.info("ITML: %d constraints, %d passes, conv %.2e", len(V), n_iter, conv)
         self.A_ = 0.5 * (A + A.T)
@@ -338,7 +338,7 @@ class KernelITML(_ITMLParams):
             xi = np.where(delta_ > 0, u, l).astype(np.float64)
             n_iter, conv = itml_explicit(
                 W, np.ascontiguousarray(V), delta_, xi, offsets, float(self.gamma),
-                int(self.max_iter), float(self.tol),
+                int(self.max_iter), float(self.tol), explicit_block(c),
             )
             W = 0.5 * (W + W.T)
             S = K0_isqrt @ (_sqrt_psd(W) - np.eye(c)) @ K0_isqrt

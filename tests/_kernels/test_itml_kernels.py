@@ -80,24 +80,31 @@ def pairs_data():
     return X, pairs, delta
 
 
+@pytest.mark.parametrize("block", [1, 2, 7, 64])
 @pytest.mark.parametrize("gamma", [1.0, np.inf])
-def test_itml_explicit_matches_numpy(pairs_data, gamma):
+def test_itml_explicit_matches_numpy(pairs_data, gamma, block):
     # Bugs caught: the slack update's sign (1/xi - delta alpha / gamma); gamma/(gamma+1) dropped;
     # a zero-length pair divided by instead of skipped; the wrong stopping pass (off by one).
+    # Blocked (60 pairs: blocks of 2, of 7 with a short last one, one block of all): a block's
+    # earlier updates left out of A v (or counted twice), a skipped pair's stale u added to A,
+    # a block's rows of A_k v taken from the wrong constraints.
     X, pairs, delta = pairs_data
     V = X[pairs[:, 0]] - X[pairs[:, 1]]
     V[3] = 0.0  # a zero-length pair is skipped, never divided by
     xi = np.where(delta > 0, 5.0, 40.0)
-    ref, it_ref = itml_reference(np.eye(8), V, delta, xi, gamma, 30, 1e-3)
-    A = np.eye(8)
+    M = np.random.default_rng(1).normal(size=(8, 8))
+    A0 = np.eye(8) + 0.05 * M @ M.T  # a prior other than I (symmetric, as every prior is)
+    ref, it_ref = itml_reference(A0, V, delta, xi, gamma, 30, 1e-3)
+    A = A0.copy()
     it, _ = itml_explicit(A, np.ascontiguousarray(V), delta, xi.copy(), np.zeros(len(V)), gamma,
-                          30, 1e-3)
+                          30, 1e-3, block)
     assert it == it_ref
     np.testing.assert_allclose(A, ref, rtol=1e-10, atol=1e-12)
     assert not np.allclose(A, np.eye(8), atol=1e-2)  # it learned something
 
 
-def test_itml_explicit_offsets_match_numpy(pairs_data):
+@pytest.mark.parametrize("block", [1, 7])
+def test_itml_explicit_offsets_match_numpy(pairs_data, block):
     # Bug caught: the span route's constant ||(I-P)v||^2 dropped from the learned length (or
     # added to q inside beta as well, which breaks A^{-1}'s consistency with the duals).
     X, pairs, delta = pairs_data
@@ -107,7 +114,8 @@ def test_itml_explicit_offsets_match_numpy(pairs_data):
     ref, it_ref = itml_reference(np.eye(4), V, delta, xi, 1.0, 30, 1e-3, offsets)
     no_offset, _ = itml_reference(np.eye(4), V, delta, xi, 1.0, 30, 1e-3)
     A = np.eye(4)
-    it, _ = itml_explicit(A, np.ascontiguousarray(V), delta, xi.copy(), offsets, 1.0, 30, 1e-3)
+    it, _ = itml_explicit(A, np.ascontiguousarray(V), delta, xi.copy(), offsets, 1.0, 30, 1e-3,
+                          block)
     assert it == it_ref
     np.testing.assert_allclose(A, ref, rtol=1e-10, atol=1e-12)
     assert np.abs(no_offset - ref).max() > 1e-2  # the offsets matter on this data
