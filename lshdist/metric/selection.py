@@ -14,9 +14,10 @@ setting, so that with no time to spare nothing changes):
 * implicit: the given setting; c x 2; gamma x 0.1 and x 10; neighbours 5 and 20; the basis
   route.
 
-The settings are fitted and scored ``n_threads`` at a time (the driver's cores: ITML's kernel
-is serial); results are taken in grid order, so the settings tried give the serial run's
-choice (when the budget binds, more threads start more settings within it).  Each grid fit
+The settings are fitted and scored ``n_threads`` at a time (the driver's cores; BLAS held to
+one thread each while they run, `lshdist.limits.one_blas_thread`); results are taken in grid
+order, so the settings tried give the serial run's choice (when the budget binds, more threads
+start more settings within it).  Each grid fit
 runs with a fifth of the passes (at least 5) — the selection needs the ranking of
 settings, not converged metrics — and the chosen one is refitted with the full passes.  Passes
 are also capped by a work budget (`FIT_WORK`), which binds only for high-dimensional data.
