@@ -79,7 +79,7 @@ def _itml_sequential(A, V, delta, xi, offsets, gamma, max_iter, tol):
     return it, conv
 
 
-def explicit_block(d):
+def explicit_block(d: int) -> int:
     """Constraints per block of `itml_explicit`: one below d = 64 (a matrix product's call
     costs more than the loop it replaces: Letter's 16-d fit 0.041 s a constraint at a time,
     0.069 s at best blocked), else ``min(64, d // 2)`` (d = 784: 3.4 -> 0.40 s a pass of 10,000
