@@ -20,7 +20,9 @@ def one_blas_thread() -> Iterator[None]:
     """BLAS held to one thread while the caller runs its own threads (each a BLAS call of its
     own: two threads of a 2-thread BLAS on 2 cores run slower than one).  The limit is
     process-wide, saved and restored, so only one such section runs at a time — overlapping
-    ones would restore each other's limit."""
+    ones would restore each other's limit.  Never nested: the threads a holder waits for must
+    not enter another section (the threaded hashing and the metric selection's grid, its two
+    users, call nothing that does)."""
     from threadpoolctl import threadpool_limits
 
     with _ONE_BLAS_THREAD, threadpool_limits(1, user_api="blas"):

@@ -86,6 +86,37 @@ def test_grid_fitted_concurrently_makes_the_serial_choice(tmp_path):
     assert np.array_equal(m1.A, m3.A)
 
 
+def test_concurrent_grid_fits_hold_blas_to_one_thread(tmp_path, monkeypatch):
+    """Two settings fitted at once each call BLAS with one thread (two 2-thread BLAS calls on 2
+    cores made the grid 1.5x slower at 784-d); one at a time, BLAS keeps its threads; the
+    limit is lifted after the grid (the chosen setting's refit and everything after use them).
+    Bug caught: the limit dropped, or left on after the selection."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from lshdist.metric import itml
+
+    def blas_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    seen: list[int] = []
+    fit = itml.ITML.fit
+
+    def recording_fit(self, *a, **kw):
+        seen.append(blas_threads())
+        return fit(self, *a, **kw)
+
+    monkeypatch.setattr(itml.ITML, "fit", recording_fit)
+    X, y = _signal_in_one_feature(seed=5)
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    with threadpool_limits(2, user_api="blas"):
+        learn(ds, LearnConfig(constraints=1000, budget=1e6, grid_threads=2))
+        assert seen[:-1] and set(seen[:-1]) == {1}  # the grid
+        assert seen[-1] == 2 == blas_threads()  # the refit, and after
+        seen.clear()
+        learn(ds, LearnConfig(constraints=1000, budget=1e6, grid_threads=1))
+        assert set(seen) == {2}
+
+
 def test_grid_budget_spent_stops_at_the_given_setting(tmp_path, caplog):
     """With no time to spare only the user's own setting is fitted, however many threads."""
     caplog.set_level(logging.INFO, logger="lshdist.metric.selection")
