@@ -26,22 +26,13 @@ GAMMA, TOL, MAX_ITER = 1.0, 1e-3, 1000
 REPEATS = 3
 
 
-def bounds_from_sample(X: np.ndarray, n: int = 200, seed: int = 1) -> tuple[float, float]:
-    """u, l = 5th / 95th percentile of the nonzero squared L2 distances among n random rows."""
-    rng = np.random.default_rng(seed)
-    Z = X[rng.choice(len(X), n, replace=False)].astype(np.float64)
-    D = ((Z[:, None, :] - Z[None, :, :]) ** 2).sum(-1)[np.triu_indices(n, 1)]
-    u, l = np.percentile(D[D > 0], [5, 95])
-    return float(u), float(l)
-
-
 def main():
     threads = common.pin_threads()
     split = load_letter()  # honours LSHDIST_DATA_DIR
     Xtr, ytr, Xte, yte = split
     Xtr64 = Xtr.astype(np.float64)
     pairs, delta = random_pairs(ytr, N_CONSTRAINTS, np.random.default_rng(0))
-    u, l = bounds_from_sample(Xtr)
+    u, l = common.bounds_from_sample(Xtr)
     n_pos = int((delta > 0).sum())
     print(f"Letter train {Xtr.shape}, test {Xte.shape}; {len(pairs)} constraints "
           f"({n_pos} similar first, then {len(pairs) - n_pos} dissimilar); bounds u={u:g} l={l:g}; "

@@ -37,14 +37,6 @@ WITH_ML = os.environ.get("BENCH_ML", "1") != "0"
 SAMPLE = 20_000
 
 
-def bounds_from_sample(X: np.ndarray, n: int = 200, seed: int = 1) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    Z = X[rng.choice(len(X), n, replace=False)].astype(np.float64)
-    D = ((Z[:, None, :] - Z[None, :, :]) ** 2).sum(-1)[np.triu_indices(n, 1)]
-    u, l = np.percentile(D[D > 0], [5, 95])
-    return float(u), float(l)
-
-
 def main():
     threads = common.pin_threads()
     split = load_fashion_mnist()
@@ -55,7 +47,7 @@ def main():
         X /= 255.0
     y = yall[rows]
     pairs, delta = random_pairs(y, PAIRS, np.random.default_rng(0))
-    u, l = bounds_from_sample(X)
+    u, l = common.bounds_from_sample(X)
     print(f"Fashion-MNIST sample {X.shape}; {len(pairs)} random pairs; bounds u={u:.4g} "
           f"l={l:.4g}; {PASSES} passes; threads {threads}", flush=True)
 

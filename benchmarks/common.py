@@ -347,6 +347,15 @@ def _fmt_load(la) -> str:
     return "n/a" if la is None else "/".join(f"{v:.1f}" for v in la)
 
 
+def bounds_from_sample(X: np.ndarray, n: int = 200, seed: int = 1) -> tuple[float, float]:
+    """u, l = 5th / 95th percentile of the nonzero squared L2 distances among n random rows."""
+    rng = np.random.default_rng(seed)
+    Z = X[rng.choice(len(X), n, replace=False)].astype(np.float64)
+    D = ((Z[:, None, :] - Z[None, :, :]) ** 2).sum(-1)[np.triu_indices(n, 1)]
+    u, l = np.percentile(D[D > 0], [5, 95])
+    return float(u), float(l)
+
+
 def write_results(name: str, tables: dict[str, list[dict]], *, title: str,
                   notes: list[str] | None = None, extra: dict | None = None,
                   peer_modules: tuple[str, ...] = ()) -> tuple[Path, Path]:

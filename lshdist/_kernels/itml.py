@@ -25,6 +25,17 @@ def _project_scalars(p, lam, xi, delta, gamma):
     return alpha, new_xi
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _project(t, p, q, lam, xi, delta, gamma):
+    """Constraint ``t``'s projection on the duals (``lam[t]``, ``xi[t]`` updated); returns the
+    scale beta of its rank-one step.  ``p``: the learned length alpha sees; ``q = v^T A v``, which
+    beta keeps (they differ by the span route's offset)."""
+    alpha, new_xi = _project_scalars(p, lam[t], xi[t], delta[t], gamma)
+    lam[t] -= alpha
+    xi[t] = new_xi
+    return delta[t] * alpha / (1.0 - delta[t] * alpha * q)
+
+
 @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
 def _add_outer(M, scale, a, b):
     """``M += scale * a b^T`` in place (the rank-one step of every projection)."""
@@ -66,11 +77,7 @@ def _itml_sequential(A, V, delta, xi, offsets, gamma, max_iter, tol):
                 q += V[c, r] * Av[r]
             if q <= _TINY:
                 continue  # zero-length pair: nothing to project, never divide by it
-            p = q + offsets[c]
-            alpha, new_xi = _project_scalars(p, lam[c], xi[c], delta[c], gamma)
-            lam[c] -= alpha
-            xi[c] = new_xi
-            beta = delta[c] * alpha / (1.0 - delta[c] * alpha * q)
+            beta = _project(c, q + offsets[c], q, lam, xi, delta, gamma)
             _add_outer(A, beta, Av, Av)
         conv = _dual_change(lam, lam_old)
         if conv < tol or np.isinf(conv):
@@ -147,11 +154,7 @@ def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol, block=1):
                     q += V[c, k] * P[j, k]
                 if q <= _TINY:
                     continue  # zero-length pair: nothing to project, never divide by it
-                p = q + offsets[c]
-                alpha, new_xi = _project_scalars(p, lam[c], xi[c], delta[c], gamma)
-                lam[c] -= alpha
-                xi[c] = new_xi
-                beta[j] = delta[c] * alpha / (1.0 - delta[c] * alpha * q)
+                beta[j] = _project(c, q + offsets[c], q, lam, xi, delta, gamma)
                 U[j] = P[j]
             W = U[:nb].T * beta[:nb]
             A += W @ U[:nb]
@@ -192,10 +195,7 @@ def itml_basis(K0, S, K, I, J, delta, xi, gamma, max_iter, tol):
             p = K[i, i] + K[j, j] - 2.0 * K[i, j]
             if p <= _TINY:
                 continue
-            alpha, new_xi = _project_scalars(p, lam[t], xi[t], delta[t], gamma)
-            lam[t] -= alpha
-            xi[t] = new_xi
-            beta = delta[t] * alpha / (1.0 - delta[t] * alpha * p)
+            beta = _project(t, p, p, lam, xi, delta, gamma)
             # eq. 5: K <- K + beta K e e^T K
             for r in range(c):
                 Ke[r] = K[r, i] - K[r, j]
