@@ -127,7 +127,7 @@ def itml_explicit(A, V, delta, xi, offsets, gamma, max_iter, tol, block=1):
     n, d = V.shape
     if block <= 1:
         return _itml_sequential(A, V, delta, xi, offsets, gamma, max_iter, tol)
-    B = min(block, n)
+    B = max(1, min(block, n))
     lam = np.zeros(n)
     lam_old = np.zeros(n)
     U = np.zeros((B, d))  # u_i = A v_i at the time of constraint i of the block

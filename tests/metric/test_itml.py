@@ -147,3 +147,22 @@ def test_bad_input(toy):
         ITML().metric()
     with pytest.raises(InputError, match="constraints='nope'"):
         ITML(constraints="nope").fit(X, y)
+
+
+def test_fit_at_high_dimension_blocks_and_matches_one_at_a_time(monkeypatch):
+    """At d >= 64 `ITML.fit` takes its projections in blocks (`explicit_block`); the learned
+    matrix is the constraint-at-a-time one up to rounding.  Bug caught: the blocked path wired
+    to the wrong block size or skipped for the explicit learner."""
+    from lshdist._kernels import itml as kernels
+    from lshdist.metric import itml as itml_mod
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 80)).astype(np.float32)
+    y = rng.integers(0, 4, size=400)
+    X[:, 0] += 2 * y
+    assert kernels.explicit_block(80) > 1
+    blocked = itml_mod.ITML(n_constraints=600, max_iter=3).fit(X, y)
+    monkeypatch.setattr(itml_mod, "explicit_block", lambda d: 1)
+    one = itml_mod.ITML(n_constraints=600, max_iter=3).fit(X, y)
+    np.testing.assert_allclose(blocked.A_, one.A_, rtol=1e-9, atol=1e-12)
+    assert np.abs(one.A_ - np.eye(80)).max() > 1e-2  # it learned something

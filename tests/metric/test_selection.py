@@ -176,3 +176,39 @@ def test_bad_validation_fraction(tmp_path, capsys, frac):
               "--validation", str(frac)])
     assert e.value.code == 2
     assert "expected a number > 0 and <= 0.5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("offset", [0.0, 1_000.0, 1e4])
+def test_knn_correct_is_exact_far_from_the_origin(offset):
+    """The held-out votes are those of the exact float64 neighbours (ties by row), also when
+    the rows' mean is large against their spread.  Bug caught: the float32 expansion
+    |z|^2 - 2 q.z on un-centred rows (at offset 1,000, 334 of 500 rows got other neighbours)."""
+    from lshdist.evaluation import knn_predict
+    from lshdist.metric.selection import knn_correct
+
+    rng = np.random.default_rng(3)
+    X = (rng.normal(size=(1500, 20)) + offset).astype(np.float32)
+    y = rng.integers(0, 4, size=1500)
+    Xt, yt, Xv, yv = X[:1200], y[:1200], X[1200:], y[1200:]
+    M = rng.normal(size=(20, 20))
+    for metric in (ExplicitMetric.identity(20), ExplicitMetric(np.eye(20) + 0.1 * M @ M.T)):
+        got = knn_correct(metric, Xt, yt, Xv, yv, [1, 5], 4)
+        Zt, Zv = (metric.transform(A).astype(np.float64) for A in (Xt, Xv))
+        D = ((Zv[:, None, :] - Zt[None, :, :]) ** 2).sum(-1)
+        nn = np.lexsort((np.broadcast_to(np.arange(len(Xt)), D.shape), D), axis=1)[:, :5]
+        for k in (1, 5):
+            want = knn_predict(yt[nn], k, 4) == yv
+            assert np.array_equal(got[k], want), (offset, k)
+
+
+def test_no_class_with_two_rows_is_refused_before_fitting(tmp_path, capsys):
+    """Every label once: nothing can be held out (the scan of no rows crashed)."""
+    from lshdist.errors import InputError
+    from lshdist.metric.itml import ITML
+    from lshdist.metric.selection import replace_params, select_metric
+
+    X = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    with pytest.raises(InputError, match="no class of the 40 labelled rows has two"):
+        select_metric(lambda ch: replace_params(ITML(), ch), "explicit", X, np.arange(40),
+                      d=None, ks=[1], validation=0.2, budget=10, force_learned=False,
+                      search=True, seed=0, n_classes=40)
