@@ -1,6 +1,7 @@
 """Payload row selection and the order-independence of the bulk search."""
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from lshdist._kernels.search import rerank_dense
@@ -134,3 +135,19 @@ def test_uint8_copy_on_threads_equals_the_serial_kernel():
     p = DensePayload(Z)
     p.prepare(2)
     assert p._quantized is not None and np.array_equal(p._quantized[2], want[2])
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, 1e5])
+def test_exact_scan_far_from_the_origin(offset):
+    """`scan_topk` gives the float64 neighbours (ties by row) of rows whose mean is large
+    against their spread.  Bug caught: candidates from the float32 expansion |z|^2 - 2 q.z
+    about the origin (20-d N(0, 1) + 1,000: 284 of 300 queries got other neighbours)."""
+    from lshdist.index.scan import scan_topk
+
+    rng = np.random.default_rng(3)
+    X = (rng.normal(size=(5000, 20)) + offset).astype(np.float32)
+    Q = (rng.normal(size=(300, 20)) + offset).astype(np.float32)
+    _, ids = scan_topk(DensePayload(X), DensePayload(Q), 10)
+    D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
+    want = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :10]
+    assert np.array_equal(ids, want)
