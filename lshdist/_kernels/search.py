@@ -177,6 +177,23 @@ def rerank_dense(offsets, rows, Z, Zq, k, tiebreak):
     return out_d, out_r
 
 
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def centred_sq_norms(Z, c):
+    """``||z - c||^2`` of every row of ``Z`` (float32 (N, d)) about ``c`` (float32 (d,)):
+    float32 (N,), summed in float32 lanes (relative error ~d u, far below the float32 scores it
+    is added to).  One pass: the numpy form (``Z - c``, then a row sum) made an (N, d)
+    temporary and took 6x longer at 60,000 x 784."""
+    n, d = Z.shape
+    out = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        s = np.float32(0.0)
+        for j in range(d):
+            t = Z[i, j] - c[j]
+            s += t * t
+        out[i] = s
+    return out
+
+
 @njit(cache=True, nogil=True)
 def column_bounds(Z, start, stop):
     """Column minima and maxima (float32 (d,) each) of rows ``start:stop`` of ``Z``; +inf and
