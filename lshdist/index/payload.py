@@ -60,6 +60,23 @@ def quantize_parallel(Z: np.ndarray, n_threads: int = 1
     return lo, step, U, err, float(grid_scale(lo, z_max, g_max))
 
 
+def scan_centre(Z: np.ndarray) -> np.ndarray:
+    """The centre c of the scan's scores (`DensePayload.distances`): the mean of about 1,024
+    evenly spaced rows, each entry rounded to a multiple of the power of two at or below the
+    rows' spread.  Any point among the rows serves; the rounding keeps the differences
+    ``z - c`` exact wherever the rows' own values are multiples of that power (small integers:
+    pixels, counts), so rows at exactly equal distances still score exactly equal, and ties
+    go by id (`tests/index/test_ties.py`)."""
+    if len(Z) == 0:
+        return np.zeros(Z.shape[1], np.float32)
+    S = Z[:: max(1, len(Z) // 1024)].astype(np.float64)
+    mu = S.mean(axis=0)
+    spread = float(np.sqrt(S.var(axis=0).mean()))
+    unit = 2.0 ** np.floor(np.log2(spread)) if spread > 0 else 1.0
+    out: np.ndarray = (np.round(mu / unit) * unit).astype(np.float32)
+    return out
+
+
 class DensePayload:
     """``Z`` float32 (N, d): transformed rows; the learned distance is L2 between them."""
 
@@ -159,11 +176,7 @@ class DensePayload:
         0.013 s at 60,000 x 784, as the plain norms took."""
         got = getattr(self, "_centred_norms", None)
         if got is None:
-            # any point among the rows serves as c: the mean of up to 4,096 evenly spaced rows
-            step = max(1, len(self.Z) // 4096)
-            c = (self.Z[::step].mean(axis=0, dtype=np.float64).astype(np.float32) if len(self.Z)
-                 else np.zeros(self.Z.shape[1], np.float32))
-            got = self._centred_norms = (c, centred_sq_norms(self.Z, c))
+            got = self._centred_norms = (c := scan_centre(self.Z), centred_sq_norms(self.Z, c))
         return got
 
 
