@@ -160,10 +160,10 @@ class DensePayload:
         """Scores that order each query's rows as their squared distances do, by float32 BLAS:
         ``||z - c||^2 - 2 (q - c)^T z`` about a centre ``c`` of the rows (`scan_centre`) —
         ``||q - z||^2`` less terms that are the same along a query's row (the scan keeps the
-        best rows by these and re-checks them exactly).  Centred, the product's rounding is ``~u |q - c| |z|``, not
-        ``~u |q| |z|``: rows far from the origin against their spread (20-d N(0, 1) + 1,000)
-        kept their order, where ``||z||^2 - 2 q^T z`` gave 284 of 300 queries other
-        neighbours.  One pass over the (Q, N) result after the product, not three: at
+        best rows by these and re-checks them exactly).  Centred, the product's rounding is
+        ``~u |q - c| |z|``, not ``~u |q| |z|``: rows far from the origin against their spread
+        (20-d N(0, 1) + 1,000) kept their order, where ``||z||^2 - 2 q^T z`` gave 284 of 300
+        queries other neighbours.  One pass over the (Q, N) result after the product, not three: at
         200 x 60,000 each pass costs about a tenth of the product."""
         c, norms = self._centred()
         D: np.ndarray = ((query.Z - c) * np.float32(-2.0)) @ self.Z.T
