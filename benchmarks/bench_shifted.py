@@ -58,8 +58,8 @@ PROFILE = [
 #: numba kernels (cProfile does not see calls of numba dispatchers): timed by wrappers put
 #: in the calling modules' namespaces for the profiled run only, per phase (fit / query)
 KERNELS = [
-    ("lshdist.index.permutation", "window_candidates_merge", "candidates: window gather"),
-    ("lshdist.index.permutation", "collect_candidates", "candidates: de-dup + Hamming cut"),
+    ("lshdist.index.permutation", "window_positions_merge", "candidates: places in the lists"),
+    ("lshdist.index.permutation", "collect_windows", "candidates: windows, de-dup + Hamming cut"),
     ("lshdist.index.payload", "rerank_dense", "re-rank: exact distances + top-k"),
     ("lshdist.index.calibrate", "candidate_hamming", "calibration: Hamming of the grid's entries"),
     ("lshdist.index.calibrate", "candidate_recall_grid", "calibration: recall grid"),

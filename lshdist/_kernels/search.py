@@ -4,46 +4,33 @@ import numpy as np
 from numba import njit
 
 from lshdist._kernels.hashing import hamming
+from lshdist._kernels.prefetch import prefetch
 
 
 @njit(cache=True, nogil=True)
-def _fill_window(out, q, m, W, pos, sorted_rows_m):
-    N = sorted_rows_m.shape[0]
-    base = m * 2 * W
-    lo = pos - W
-    for t in range(2 * W):
-        j = lo + t
-        if 0 <= j < N:
-            out[q, base + t] = sorted_rows_m[j]
+def window_positions_bsearch(sorted_prefix, qprefix):
+    """Per-query binary search: each query's place in each list (``searchsorted``, side
+    'left'): int64 (Q, M).
 
-
-@njit(cache=True, nogil=True)
-def window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W):
-    """Per-query binary search: the W entries on each side of every query in every list.
-
-    sorted_prefix : uint64 (M, N); sorted_rows : int32 or int64 (M, N); qprefix : uint64 (M, Q)
-    Returns (Q, M*2W) of sorted_rows' dtype (int32 for any segment below 2**31 rows: half the
-    bytes written and read again), -1 where a window runs past an end of a list.
+    sorted_prefix : uint64 (M, N); qprefix : uint64 (M, Q).
     """
     M = sorted_prefix.shape[0]
     Q = qprefix.shape[1]
-    out = np.full((Q, M * 2 * W), -1, dtype=sorted_rows.dtype)
+    pos = np.empty((Q, M), dtype=np.int64)
     for q in range(Q):
         for m in range(M):
-            pos = np.searchsorted(sorted_prefix[m], qprefix[m, q])  # side='left'
-            _fill_window(out, q, m, W, pos, sorted_rows[m])
-    return out
+            pos[q, m] = np.searchsorted(sorted_prefix[m], qprefix[m, q])  # side='left'
+    return pos
 
 
 @njit(cache=True, nogil=True)
-def window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W):
-    """Bulk lookup by sort-merge: the queries, sorted under each permutation (``qorder``),
-    are merged with the sorted list in one sequential pass.  Same output as
-    `window_candidates_bsearch`.
-    """
+def window_positions_merge(sorted_prefix, qprefix, qorder):
+    """Bulk lookup by sort-merge: the queries, sorted under each permutation (``qorder``
+    (M, Q)), are merged with the sorted list in one sequential pass.  Same output as
+    `window_positions_bsearch`."""
     M, N = sorted_prefix.shape
     Q = qprefix.shape[1]
-    out = np.full((Q, M * 2 * W), -1, dtype=sorted_rows.dtype)
+    pos = np.empty((Q, M), dtype=np.int64)
     for m in range(M):
         ptr = 0
         lst = sorted_prefix[m]
@@ -52,8 +39,105 @@ def window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W):
             v = qprefix[m, q]
             while ptr < N and lst[ptr] < v:
                 ptr += 1
-            _fill_window(out, q, m, W, ptr, sorted_rows[m])
+            pos[q, m] = ptr
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def window_candidates(pos, sorted_rows, W):
+    """The raw window entries: per query and list the W rows left of its place ``pos[q, m]``
+    and the W from it on, (Q, M*2W) of sorted_rows' dtype (int32 for any segment below 2**31
+    rows), -1 where a window runs past an end of a list.  What calibration's grid walks; the
+    search itself reads the windows in place (`collect_windows`)."""
+    Q, M = pos.shape
+    N = sorted_rows.shape[1]
+    out = np.full((Q, M * 2 * W), -1, dtype=sorted_rows.dtype)
+    for q in range(Q):
+        for m in range(M):
+            base = m * 2 * W
+            lo = pos[q, m] - W
+            for t in range(2 * W):
+                j = lo + t
+                if 0 <= j < N:
+                    out[q, base + t] = sorted_rows[m, j]
     return out
+
+
+@njit(cache=True, nogil=True)
+def _hamming_cut(buf, n, codes, qcode, keep, ham, hist, out, at):
+    """Write the ``keep`` rows of ``buf[:n]`` nearest ``qcode`` in Hamming distance of the full
+    keys, ties in ``buf``'s order, to ``out[at:at + keep]`` (a counting selection, O(n + b));
+    the rows' keys are prefetched 16 rows ahead (random rows of ``codes``, latency-bound)."""
+    hist[:] = 0
+    for t in range(n):
+        if t + 16 < n:
+            prefetch(codes, buf[t + 16])
+        h = hamming(codes[buf[t]], qcode)
+        ham[t] = h
+        hist[h] += 1
+    cut = 0
+    total = hist[0]
+    while total < keep:
+        cut += 1
+        total += hist[cut]
+    room_at_cut = keep - (total - hist[cut])
+    j = 0
+    for t in range(n):
+        h = ham[t]
+        if h < cut or (h == cut and room_at_cut > 0):
+            if h == cut:
+                room_at_cut -= 1
+            out[at + j] = buf[t]
+            j += 1
+
+
+@njit(cache=True, nogil=True)
+def collect_windows(pos, sorted_rows, W, codes, qcodes, keep):
+    """The search's candidates, read from the lists in place: what `collect_candidates` gives
+    for ``window_candidates(pos, sorted_rows, W)``, without writing that (Q, 2 M W) array
+    and reading it back (tested equal).  De-duplication is branch-free (a stamp written for
+    every entry, the count advanced by the comparison); each list's window is prefetched
+    four lists ahead.  Queries per call below 2**31 (the stamps are int32).
+
+    Returns offsets int64 (Q+1,), rows int64 (offsets[-1],), distinct int64 (Q,).
+    """
+    Q, M = pos.shape
+    N = codes.shape[0]
+    T = M * 2 * W
+    mark = np.full(N, -1, dtype=np.int32)  # half the bytes of int64: more of it stays in L2
+    width = min(T, N) if keep <= 0 else min(T, N, keep)
+    rows = np.empty(Q * width, dtype=np.int64)
+    offsets = np.zeros(Q + 1, dtype=np.int64)
+    distinct = np.zeros(Q, dtype=np.int64)
+    at = 0
+    buf = np.empty(T, dtype=np.int64)
+    ham = np.empty(T, dtype=np.int64)
+    hist = np.zeros(codes.shape[1] * 64 + 1, dtype=np.int64)
+    for q in range(Q):
+        n = 0
+        stamp = np.int32(q)
+        for m in range(M):
+            if m + 4 < M:  # the next windows' first and last entries (2-3 cache lines)
+                p = pos[q, m + 4]
+                prefetch(sorted_rows[m + 4], max(p - W, 0))
+                prefetch(sorted_rows[m + 4], max(min(p + W, N) - 1, 0))
+            p = pos[q, m]
+            lst = sorted_rows[m]
+            for j in range(max(p - W, 0), min(p + W, N)):
+                v = lst[j]
+                new = mark[v] != stamp
+                mark[v] = stamp
+                buf[n] = v
+                n += new
+        distinct[q] = n
+        if 0 < keep < n:
+            _hamming_cut(buf, n, codes, qcodes[q], keep, ham, hist, rows, at)
+            n = keep
+        else:
+            rows[at:at + n] = buf[:n]
+        at += n
+        offsets[q + 1] = at
+    return offsets, rows[:at].copy(), distinct
 
 
 @njit(cache=True, nogil=True)
@@ -63,7 +147,9 @@ def collect_candidates(cand, codes, qcodes, keep):
 
     Candidates keep the order in which the lists found them (a stamp array, O(1) per entry,
     instead of a sort); the Hamming selection keeps the ``keep`` smallest distances, ties in
-    that order, so the result depends only on the query's candidate row.
+    that order, so the result depends only on the query's candidate row.  The search reads
+    its windows in place (`collect_windows`, the same cut); this form takes any candidate
+    array (the reference of calibration's grid and of the tests).
 
     Returns offsets int64 (Q+1,), rows int64 (offsets[-1],), distinct int64 (Q,).
     """
@@ -86,27 +172,8 @@ def collect_candidates(cand, codes, qcodes, keep):
                 buf[n] = v
                 n += 1
         distinct[q] = n
-        if keep > 0 and n > keep:
-            # counting selection: the keep smallest distances, ties in discovery order, O(n + b)
-            hist[:] = 0
-            for t in range(n):
-                h = hamming(codes[buf[t]], qcodes[q])
-                ham[t] = h
-                hist[h] += 1
-            cut = 0
-            total = hist[0]
-            while total < keep:
-                cut += 1
-                total += hist[cut]
-            room_at_cut = keep - (total - hist[cut])
-            j = 0
-            for t in range(n):
-                h = ham[t]
-                if h < cut or (h == cut and room_at_cut > 0):
-                    if h == cut:
-                        room_at_cut -= 1
-                    rows[pos + j] = buf[t]
-                    j += 1
+        if 0 < keep < n:
+            _hamming_cut(buf, n, codes, qcodes[q], keep, ham, hist, rows, pos)
             n = keep
         else:
             for t in range(n):
@@ -144,6 +211,14 @@ def _topk(dist, rows, k, out_d, out_r, q, tiebreak):
     for t in range(min(k, n)):
         out_d[q, t] = d32[order[t]]
         out_r[q, t] = rows[order[t]]
+
+
+@njit(cache=True, nogil=True)
+def _prefetch_row(row):
+    """Prefetch every cache line of a contiguous 1-d row."""
+    step = max(1, 64 // row.itemsize)
+    for c in range(0, row.shape[0], step):
+        prefetch(row, c)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -294,14 +369,19 @@ def grid_scale(lo, z_max, g_max):
 def _grid_dists(a, step, U, r, out):
     """``out[t] = ||a - step u_{r[t]}||^2`` in float32, four rows per pass over the columns so
     that four rows' memory loads are in flight at once (the pass is latency-bound: measured
-    on 160 random rows of 60,000, a third faster than one row at a time).  The summation
+    on 160 random rows of 60,000, a third faster than one row at a time), the next four rows
+    prefetched meanwhile (a third faster again on a 100,000-row segment).  The summation
     order varies with a row's slot; the callers only need a bound (`rerank_dense_quantized`
     allows for any order's rounding)."""
     n = r.shape[0]
     d = a.shape[0]
     t = 0
+    for i in range(min(4, n)):
+        _prefetch_row(U[r[i]])
     while t + 4 <= n:
         u0, u1, u2, u3 = U[r[t]], U[r[t + 1]], U[r[t + 2]], U[r[t + 3]]
+        for i in range(t + 4, min(t + 8, n)):  # the next four rows' lines, while these compute
+            _prefetch_row(U[r[i]])
         s0 = np.float32(0.0)
         s1 = np.float32(0.0)
         s2 = np.float32(0.0)
@@ -386,6 +466,7 @@ def rerank_dense_quantized(offsets, rows, Z, Zq, k, tiebreak, lo, step, U, err, 
         for t in range(n):
             if low[t] <= kth:
                 m += 1
+                _prefetch_row(Z[r[t]])  # the exact pass's float32 rows, all in flight at once
         sel_rows = np.empty(m, dtype=rows.dtype)
         dist = np.empty(m)
         m = 0

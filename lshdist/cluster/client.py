@@ -62,7 +62,7 @@ def warm_kernels() -> bool:
     import numpy as np
 
     from lshdist._kernels.hashing import gaussian_rows, pack_signs, permuted_prefix
-    from lshdist._kernels.search import window_candidates_bsearch
+    from lshdist._kernels.search import window_candidates, window_positions_bsearch
     from lshdist.index.searcher import MetricIndex
     from lshdist.metric.learned import ExplicitMetric
 
@@ -70,7 +70,7 @@ def warm_kernels() -> bool:
     prefix = permuted_prefix(codes, np.arange(8, dtype=np.int64))
     sp = np.sort(prefix)[None, :]
     rows = np.argsort(prefix)[None, :].astype(np.int64)
-    window_candidates_bsearch(sp, rows, prefix[None, :], 1)
+    window_candidates(window_positions_bsearch(sp, prefix[None, :]), rows, 1)
     X = np.random.default_rng(0).normal(size=(600, 40)).astype(np.float32)
     ix = MetricIndex(ExplicitMetric.identity(40), bits=128, target_recall=0.5, seed=0).fit(X)
     ix.query(X[:20], 3, mode="hash")

@@ -10,9 +10,10 @@ import numpy as np
 
 from lshdist._kernels.hashing import permuted_prefix
 from lshdist._kernels.search import (
-    collect_candidates,
-    window_candidates_bsearch,
-    window_candidates_merge,
+    collect_windows,
+    window_candidates,
+    window_positions_bsearch,
+    window_positions_merge,
 )
 from lshdist._kernels.sort import radix_argsort_u64
 from lshdist.blocks import row_ranges
@@ -297,30 +298,41 @@ class PermutationIndex:
                    n_permutations: int | None = None, window: int | None = None) -> np.ndarray:
         """Raw window candidates (Q, 2 M W) rows (int32 below 2**31 rows, else int64), -1 past
         a list's ends: per list, the W entries left of the query's position, then the W from
-        it on.
+        it on (`window_positions`; the search reads the same entries in place).  ``window``
+        overrides the fitted W for this call.
+        """
+        pos, M = self.window_positions(qcodes, bulk=bulk, n_permutations=n_permutations)
+        cand: np.ndarray = window_candidates(pos, self.sorted_rows_[:M], self._window(window))
+        return cand
+
+    def window_positions(self, qcodes: np.ndarray, *, bulk: bool = True,
+                         n_permutations: int | None = None) -> tuple[np.ndarray, int]:
+        """Each query's place in each of the first M lists, int64 (Q, M), and M.
 
         ``bulk`` uses the sort-merge join — unless the batch is so small that one binary search
         per query and list reads less (``8 Q log2 N < N``: a merge walks every list whole);
         ``bulk=False`` always searches.  Both return the same array.  ``n_permutations``
-        (M' <= M: the first M' lists) and ``window`` override the fitted values for this call
-        (an operating point).
+        (M' <= M: the first M' lists) overrides the fitted M for this call.
         """
         self._fitted()
         qcodes = check_codes(qcodes, self.bits_, name="query codes")
         M = self._lists(n_permutations)
         qprefix = permutation_prefixes(qcodes, self.positions_[:M])
-        W = int(self.window if window is None else window)
-        if W < 1:
-            raise InputError(f"window={W}: W must be >= 1")
-        sp, sr = self.sorted_prefix_[:M], self.sorted_rows_[:M]
+        sp = self.sorted_prefix_[:M]
         n = sp.shape[1]
         if bulk and 8 * qcodes.shape[0] * max(1.0, np.log2(max(n, 2))) >= n:
             qorder = np.stack([radix_argsort_u64(row) for row in qprefix]) if len(qprefix) else (
                 np.zeros((0, qprefix.shape[1]), np.int64))
-            cand: np.ndarray = window_candidates_merge(sp, sr, qprefix, qorder, W)
+            pos: np.ndarray = window_positions_merge(sp, qprefix, qorder)
         else:
-            cand = window_candidates_bsearch(sp, sr, qprefix, W)
-        return cand
+            pos = window_positions_bsearch(sp, qprefix)
+        return pos, M
+
+    def _window(self, window: int | None) -> int:
+        W = int(self.window if window is None else window)
+        if W < 1:
+            raise InputError(f"window={W}: W must be >= 1")
+        return W
 
     def _lists(self, n_permutations: int | None) -> int:
         M = self.n_permutations_
@@ -400,8 +412,9 @@ class PermutationIndex:
                      op: tuple[int, int, int]
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         M, W, H = op
-        cand = self.candidates(qc, bulk=bulk, n_permutations=M, window=W)
-        offsets, rows, distinct = collect_candidates(cand, self.codes_, qc, int(H))
+        pos, M = self.window_positions(qc, bulk=bulk, n_permutations=M)
+        offsets, rows, distinct = collect_windows(pos, self.sorted_rows_[:M], self._window(W),
+                                                  self.codes_, qc, int(H))
         dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
         return dist, top, distinct, np.diff(offsets)
 

@@ -13,13 +13,15 @@ from hypothesis import strategies as st
 
 from lshdist._kernels.search import (
     collect_candidates,
+    collect_windows,
     quantize_rows,
     rerank_dense,
     rerank_dense_quantized,
     rerank_sparse,
     smallest_per_row,
-    window_candidates_bsearch,
-    window_candidates_merge,
+    window_candidates,
+    window_positions_bsearch,
+    window_positions_merge,
 )
 
 
@@ -66,11 +68,35 @@ def test_window_candidates_match_numpy(seed, W, N):
                 j = pos[q] - W + t
                 if 0 <= j < N:
                     expect[q, m * 2 * W + t] = sorted_rows[m, j]
-    assert np.array_equal(window_candidates_bsearch(sorted_prefix, sorted_rows, qprefix, W), expect)
+    by_search = window_positions_bsearch(sorted_prefix, qprefix)
+    assert np.array_equal(window_candidates(by_search, sorted_rows, W), expect)
     qorder = np.argsort(qprefix, axis=1, kind="stable").astype(np.int64)
-    assert np.array_equal(
-        window_candidates_merge(sorted_prefix, sorted_rows, qprefix, qorder, W), expect
-    )
+    by_merge = window_positions_merge(sorted_prefix, qprefix, qorder)
+    assert np.array_equal(by_merge, by_search)
+    assert np.array_equal(window_candidates(by_merge, sorted_rows, W), expect)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), W=st.integers(1, 5), N=st.integers(1, 50),
+       keep=st.integers(0, 14), bits=st.sampled_from([3, 64, 130]))
+def test_collect_windows_is_collect_candidates_of_the_windows(seed, W, N, keep, bits):
+    # Bugs caught: a window bound off by one at either end of a list (pos - W < 0, pos + W > N);
+    # the branch-free de-dup counting an entry seen earlier (the stamp written before the
+    # comparison); the stamp of query 0 equal to the initial mark; lists walked in another
+    # order (discovery order decides ties at the Hamming cut).
+    rng = np.random.default_rng(seed)
+    M, Q = 4, 9
+    words = (bits + 63) // 64
+    codes = rng.integers(0, 2**63, size=(N, words), dtype=np.int64).astype(np.uint64)
+    codes[:, -1] &= np.uint64(~((1 << (words * 64 - bits)) - 1) & (2**64 - 1))
+    codes[rng.integers(0, N, N // 3)] = codes[0]  # equal keys: ties at the cut
+    qcodes = codes[rng.integers(0, N, Q)]
+    sorted_rows = np.stack([rng.permutation(N) for _ in range(M)]).astype(np.int32)
+    pos = rng.integers(0, N + 1, size=(Q, M)).astype(np.int64)  # at both ends too
+    got = collect_windows(pos, sorted_rows, W, codes, qcodes, keep)
+    expect = collect_candidates(window_candidates(pos, sorted_rows, W), codes, qcodes, keep)
+    for g, e in zip(got, expect):
+        assert np.array_equal(g, e)
 
 
 @settings(max_examples=25, deadline=None)

@@ -43,8 +43,8 @@ def test_warm_kernels_compiles_the_dense_search_path():
 from lshdist.cluster.client import warm_kernels
 import lshdist._kernels.hashing as h, lshdist._kernels.search as s, lshdist._kernels.sort as o
 warm_kernels()
-need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_candidates_merge,
-        s.window_candidates_bsearch, s.collect_candidates, s.rerank_dense,
+need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_positions_merge,
+        s.window_positions_bsearch, s.window_candidates, s.collect_windows, s.rerank_dense,
         s.rerank_dense_quantized, s.column_bounds, s.grid_steps, s.quantize_block, s.grid_scale,
         s.smallest_per_row, s.candidate_hamming,
         s.candidate_recall_grid]
