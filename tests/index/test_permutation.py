@@ -153,3 +153,29 @@ def test_lsh_parameter_functions():
     P = RandomHyperplanes(d=32, bits=4096, seed=1).project(np.stack([a, b]))
     agree = np.mean((P[0] >= 0) == (P[1] >= 0))
     assert agree == pytest.approx(collision_probability(angle), abs=0.03)
+
+
+def test_answers_do_not_depend_on_the_query_block(monkeypatch):
+    # Bug caught: a block's answers written to the rows of another block (the queries are
+    # searched in the order of their first permuted key, block by block).
+    import lshdist.index.permutation as perm
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(800, 10)).astype(np.float32)
+    Q = rng.normal(size=(700, 10)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(10), bits=128, n_permutations=8, window=4,
+                     hamming_keep=12, seed=1).fit(X)
+    whole = ix.query(Q, 5, mode="hash")
+    monkeypatch.setattr(perm, "QUERY_BLOCK", 256)  # three blocks, the last one short
+    assert perm.query_block(8, 4, 12, 800) == 256
+    blocked = ix.query(Q, 5, mode="hash")
+    assert np.array_equal(whole[1], blocked[1]) and np.array_equal(whole[0], blocked[0])
+
+
+def test_query_block_bounds_the_candidate_rows():
+    from lshdist.index.permutation import BLOCK_BYTES, QUERY_BLOCK, query_block
+
+    assert query_block(96, 16, 120, 100_000) == QUERY_BLOCK  # H rows a query: a full block
+    wide = query_block(128, 64, 0, 10**6)  # every window entry kept: 16,384 rows a query
+    assert wide * 16_384 * 8 <= BLOCK_BYTES and wide >= 256
+    assert query_block(128, 64, 0, 50) == QUERY_BLOCK  # at most N distinct rows a query
