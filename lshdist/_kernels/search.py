@@ -92,6 +92,15 @@ def _hamming_cut(buf, n, codes, qcode, keep, ham, hist, out, at):
 
 
 @njit(cache=True, nogil=True)
+def _collect_buffers(Q, T, width, words):
+    """Outputs and scratch of the candidate collectors: rows (Q * width,), offsets (Q+1,),
+    distinct (Q,), and per query buf, ham (T,) and the Hamming histogram (64 words + 1)."""
+    return (np.empty(Q * width, dtype=np.int64), np.zeros(Q + 1, dtype=np.int64),
+            np.zeros(Q, dtype=np.int64), np.empty(T, dtype=np.int64),
+            np.empty(T, dtype=np.int64), np.zeros(words * 64 + 1, dtype=np.int64))
+
+
+@njit(cache=True, nogil=True)
 def collect_windows(pos, sorted_rows, W, codes, qcodes, keep):
     """The search's candidates, read from the lists in place: what `collect_candidates` gives
     for ``window_candidates(pos, sorted_rows, W)``, without writing that (Q, 2 M W) array
@@ -106,13 +115,8 @@ def collect_windows(pos, sorted_rows, W, codes, qcodes, keep):
     T = M * 2 * W
     mark = np.full(N, -1, dtype=np.int32)  # half the bytes of int64: more of it stays in L2
     width = min(T, N) if keep <= 0 else min(T, N, keep)
-    rows = np.empty(Q * width, dtype=np.int64)
-    offsets = np.zeros(Q + 1, dtype=np.int64)
-    distinct = np.zeros(Q, dtype=np.int64)
+    rows, offsets, distinct, buf, ham, hist = _collect_buffers(Q, T, width, codes.shape[1])
     at = 0
-    buf = np.empty(T, dtype=np.int64)
-    ham = np.empty(T, dtype=np.int64)
-    hist = np.zeros(codes.shape[1] * 64 + 1, dtype=np.int64)
     for q in range(Q):
         n = 0
         stamp = np.int32(q)
@@ -156,13 +160,8 @@ def collect_candidates(cand, codes, qcodes, keep):
     Q, T = cand.shape
     N = codes.shape[0]
     mark = np.full(N, -1, dtype=np.int64)
-    rows = np.empty(Q * min(T, N), dtype=np.int64)
-    offsets = np.zeros(Q + 1, dtype=np.int64)
-    distinct = np.zeros(Q, dtype=np.int64)
+    rows, offsets, distinct, buf, ham, hist = _collect_buffers(Q, T, min(T, N), codes.shape[1])
     pos = 0
-    buf = np.empty(T, dtype=np.int64)
-    ham = np.empty(T, dtype=np.int64)
-    hist = np.zeros(codes.shape[1] * 64 + 1, dtype=np.int64)
     for q in range(Q):
         n = 0
         for t in range(T):
