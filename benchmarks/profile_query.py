@@ -1,13 +1,14 @@
 """Where a separate `lshdist query` spends its time on 1 or 2 workers: Dask's task stream of
 one bulk query of a stored index (the segments read back, as `bench_query_workers.py` runs
 it), summed by task kind, with each kind's first start and last stop (a diagnostic, one run).
+The answers go to ``out/profile-query-WORKERS`` (an earlier run's results there are replaced:
+`plan_query` overwrites only lshdist results).
 
     cd /work/main && .venv/bin/python benchmarks/profile_query.py WORKERS \\
         [INDEX (out/scale/n1020000/index)] [QUERIES (out/million-fashion/test)]
 """
 
 import collections
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,6 @@ def main() -> None:
                             overwrite=res.exists())
             info = run_query(client, qp)
         span = time.perf_counter() - t0
-    shutil.rmtree(res, ignore_errors=True)
     print(f"query on {workers} worker(s) {span:.1f} s: {info['mode']} {info['operating_point']}")
     summarize(ts.data, span)
     when: dict[str, list[float]] = collections.defaultdict(lambda: [float("inf"), 0.0])
