@@ -614,9 +614,12 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
             for t in range(T):
                 if full[q, m, t] + 1 > N:
                     N = full[q, m, t] + 1
-    mark = np.full(max(N, 1), -1, dtype=np.int64)
-    good = np.full(max(N, 1), -1, dtype=np.int64)
-    rank = np.zeros(max(N, 1), dtype=np.int64)
+    # int32 per row (stamps, query numbers and ranks stay far below 2**31): the three arrays
+    # are read at random rows, and at half the bytes more of them stays in L2 (60,000 rows:
+    # 720 KB instead of 1.4 MB)
+    mark = np.full(max(N, 1), -1, dtype=np.int32)
+    good = np.full(max(N, 1), -1, dtype=np.int32)
+    rank = np.zeros(max(N, 1), dtype=np.int32)
     # per Hamming distance, the distinct candidates seen so far: a candidate's place in the
     # cut order is (candidates at a smaller distance) + (those at its distance seen before it)
     hist = np.zeros(n_bits + 1, dtype=np.int64)

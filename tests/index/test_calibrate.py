@@ -452,3 +452,49 @@ def test_calibration_makes_the_search_structures_before_timing(monkeypatch):
     monkeypatch.setattr(calibration, "scan_topk", scan)
     calibrate(seg, qrows, qc, qp, k=3, target=0.5)
     assert made and all(made)
+
+
+def _pooled_reference(stats, counts, Q, N, ms, ws, hs, parts=1):
+    """`pooled_points` one point at a time with numpy scalars (its form until session 16)."""
+    from lshdist.index.calibrate import Point
+
+    hits = np.sum([h for h, _ in stats], axis=0)
+    reranked = np.sum([r for _, r in stats], axis=0)
+    total = max(float(counts.sum()), 1.0)
+    points = []
+    for a, m in enumerate(ms):
+        for b, w in enumerate(ws):
+            seen = set()
+            for j, h in enumerate(hs):
+                kept = float(reranked[a, b, j]) / Q
+                if kept in seen:
+                    continue
+                seen.add(kept)
+                by_rank = hits[a, b, j] / np.maximum(counts, 1.0)
+                points.append(Point(int(m), int(w), int(h), float(hits[a, b, j].sum()) / total,
+                                    kept, kept / max(N, 1),
+                                    rank_recall=tuple(round(float(x), 6) for x in by_rank),
+                                    parts=int(parts)))
+    return points
+
+
+def test_pooled_points_equal_the_per_point_form():
+    """The grid's points from whole-grid arrays are the per-point computation's, value for
+    value (recall, rows re-ranked, fraction, rank recalls and the skipped repeats of the same
+    re-ranked count).  Catches: hits and re-ranked axes swapped, counts of one part only, the
+    repeat test dropped, a rounding other than Python's."""
+    from lshdist.index.calibrate import pooled_points
+
+    rng = np.random.default_rng(3)
+    ms, ws, hs, k, Q, N = [8, 12, 16], [1, 2, 4, 6], [0, 20, 30, 40, 60], 7, 123, 5_000
+    stats = []
+    for _ in range(3):
+        hits = rng.integers(0, Q, size=(len(ms), len(ws), len(hs), k))
+        rer = rng.integers(0, 40 * Q, size=(len(ms), len(ws), len(hs)))
+        rer[:, :, 2] = rer[:, :, 1]  # a cut that keeps as many rows as the one before it
+        stats.append((hits, rer))
+    counts = rng.integers(1, 3 * Q, size=k).astype(float)
+    counts[3] = 0.0  # a rank no true neighbour holds
+    got = pooled_points(stats, counts, Q, N, ms, ws, hs, parts=3)
+    want = _pooled_reference(stats, counts, Q, N, ms, ws, hs, parts=3)
+    assert got == want and len(got) < len(ms) * len(ws) * len(hs)
