@@ -88,6 +88,13 @@ class RerankPayload(Protocol):
         """Exact top-k of each query's candidates: ``(float32 (Q, k), int64 rows (Q, k))``."""
         ...
 
+    def scan_slack(self, query: Self) -> tuple[np.ndarray, np.ndarray, float]:
+        """How far `distances` may be from the re-rank: ``(offset (Q,), slack (Q,), rel)``,
+        float64 — for every row, ``distances[q, j] + offset[q]`` is within ``slack[q]`` of the
+        row's distance, and `rerank`'s distance within a factor ``1 +- rel`` of it (the exact
+        scan re-ranks every row that could be in the top k by these bounds)."""
+        ...
+
     def prepare(self, n_threads: int = 1) -> None:
         """Make, on ``n_threads`` threads, what the re-rank of many candidates keeps in memory
         (a no-op for payloads that keep nothing)."""

@@ -532,37 +532,94 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
 
 
 @njit(cache=True, nogil=True)
-def smallest_per_row(D, kk, keys):
-    """Column indices of the ``kk`` smallest entries of every row of ``D``, equal entries
-    resolved towards lower ``keys[column]`` (the row ids: ties by id, as in the re-rank),
-    int64 (Q, kk), sorted by column.  One pass per row with an insertion buffer: nearly every
-    entry is rejected by a single comparison."""
+def scan_thresholds(D, k, kk, offset, slack, rel, cap):
+    """Per row of scores ``D`` (Q, N): the largest score a row among the true k nearest can
+    have, how many entries reach it, and the first of them — ``(thr float64 (Q,), counts
+    int64 (Q,), buf int64 (Q, cap))``.
+
+    A score is within ``slack[q]`` of its exact value, score + ``offset[q]`` is the distance,
+    and the re-rank's own distances are within a factor ``1 +- rel`` of it.  With v_k the
+    k-th smallest score, k rows have distances at most v_k + offset + slack, so a row whose
+    score exceeds ``v_k + 2 slack + 2 rel (v_k + offset + slack) / (1 - rel)`` has a re-ranked
+    distance above theirs and cannot be among the k nearest, ties included.  The threshold is
+    at least the ``kk``-th smallest score (``kk`` >= k rows are always kept).
+
+    ``buf[q, :min(counts[q], cap)]``: the columns at or below the threshold, ascending (-1
+    after them).  One pass keeps the kk smallest scores with their columns; a second pass over
+    the row (still in cache) is made only where the threshold lies above the kk-th score, or a
+    score equal to it was passed over (`rows_within` reads a row again only where more than
+    ``cap`` qualify).
+    """
     Q, N = D.shape
-    kk = min(kk, N)
-    out = np.empty((Q, kk), dtype=np.int64)
-    vals = np.empty(kk, dtype=D.dtype)
+    k = min(k, N)
+    kk = max(k, min(kk, N))
+    thr = np.empty(Q, dtype=np.float64)
+    counts = np.zeros(Q, dtype=np.int64)
+    buf = np.full((Q, cap), -1, dtype=np.int64)
+    vals = np.empty(kk, dtype=np.float64)
     idx = np.empty(kk, dtype=np.int64)
     for q in range(Q):
+        if N == 0:
+            thr[q] = -np.inf
+            continue
         n = 0
+        tie = False  # a score equal to the buffer's largest was passed over
         row = D[q]
-        for j in range(N):
-            v = row[j]
-            key = keys[j]
+        for j in range(N):  # the kk smallest scores and their columns, ascending
+            v = np.float64(row[j])
             if n < kk:
                 t = n
                 n += 1
-            elif v < vals[kk - 1] or (v == vals[kk - 1] and key < keys[idx[kk - 1]]):
+            elif v < vals[kk - 1]:
                 t = kk - 1
+                tie = vals[kk - 2] == vals[kk - 1] if kk > 1 else False
             else:
+                tie = tie or v == vals[kk - 1]
                 continue
-            while t > 0 and (vals[t - 1] > v or (vals[t - 1] == v and keys[idx[t - 1]] > key)):
+            while t > 0 and vals[t - 1] > v:
                 vals[t] = vals[t - 1]
                 idx[t] = idx[t - 1]
                 t -= 1
             vals[t] = v
             idx[t] = j
-        out[q] = np.sort(idx)
-    return out
+        vk = vals[k - 1]
+        scale = max(vk + offset[q], 0.0) + slack[q]
+        t_q = max(vals[kk - 1], vk + 2.0 * slack[q] + 2.0 * rel * scale / (1.0 - rel))
+        thr[q] = t_q
+        if t_q == vals[kk - 1] and not tie:  # exactly the kk kept
+            cols = np.sort(idx)
+            m = min(kk, cap)
+            buf[q, :m] = cols[:m]
+            counts[q] = kk
+            continue
+        c = 0
+        for j in range(N):
+            if np.float64(row[j]) <= t_q:
+                if c < cap:
+                    buf[q, c] = j
+                c += 1
+        counts[q] = c
+    return thr, counts, buf
+
+
+@njit(cache=True, nogil=True)
+def rows_within(D, thr, total):
+    """The columns of each row of ``D`` whose score is at most ``thr[q]``, ascending, as CSR:
+    ``(offsets int64 (Q+1,), rows int64 (total,))`` (``total``: their number, from
+    `scan_thresholds`)."""
+    Q, N = D.shape
+    offsets = np.zeros(Q + 1, dtype=np.int64)
+    rows = np.empty(total, dtype=np.int64)
+    at = 0
+    for q in range(Q):
+        row = D[q]
+        t_q = thr[q]
+        for j in range(N):
+            if np.float64(row[j]) <= t_q and at < total:  # the same test as the count
+                rows[at] = j
+                at += 1
+        offsets[q + 1] = at
+    return offsets, rows
 
 
 @njit(cache=True, nogil=True)

@@ -62,7 +62,7 @@ def warm_kernels() -> bool:
     import numpy as np
 
     from lshdist._kernels.hashing import gaussian_rows, pack_signs, permuted_prefix
-    from lshdist._kernels.search import window_candidates, window_positions_bsearch
+    from lshdist._kernels.search import rows_within, window_candidates, window_positions_bsearch
     from lshdist.index.searcher import MetricIndex
     from lshdist.metric.learned import ExplicitMetric
 
@@ -71,6 +71,7 @@ def warm_kernels() -> bool:
     sp = np.sort(prefix)[None, :]
     rows = np.argsort(prefix)[None, :].astype(np.int64)
     window_candidates(window_positions_bsearch(sp, prefix[None, :]), rows, 1)
+    rows_within(np.zeros((1, 2), np.float32), np.zeros(1), 2)  # the scan's rare second read
     X = np.random.default_rng(0).normal(size=(600, 40)).astype(np.float32)
     ix = MetricIndex(ExplicitMetric.identity(40), bits=128, target_recall=0.5, seed=0).fit(X)
     ix.query(X[:20], 3, mode="hash")

@@ -39,7 +39,7 @@ from lshdist._kernels.hyperplane import (
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
-from lshdist.index.payload import csr_take
+from lshdist.index.payload import REL_F64_PAYLOAD, csr_take, f64_slack
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import permutation_seed
@@ -131,6 +131,16 @@ class MarginDensePayload:
         inv = self._query_norms(query)
         dist, top = rerank_margin_dense(offsets, rows, self.X, query.X, inv, k, tiebreak)
         return dist, top
+
+    def scan_slack(self, query: MarginDensePayload) -> tuple[np.ndarray, np.ndarray, float]:
+        """`distances` and the re-rank are float64 sums of the same exact products:
+        ``|w^T x|`` is within a float64 rounding of ``|w| |x|``, times ``1 / |w|``."""
+        inv = self._query_norms(query)
+        if not hasattr(self, "_x_max"):
+            X = self.X.astype(np.float64)
+            self._x_max = float(np.sqrt((X * X).sum(axis=1).max())) if len(self) else 0.0
+        w = np.linalg.norm(query.X, axis=1)
+        return np.zeros(len(query)), f64_slack(self._x_max * w * inv), REL_F64_PAYLOAD
 
     def distances(self, query: MarginDensePayload) -> np.ndarray:
         """``|w^T x| / ||w||`` from every query to every row, float64 (Q, N)."""
@@ -228,6 +238,14 @@ class MarginSparsePayload:
                                          len(features), query.indptr, qlocal,
                                          query.data.astype(np.float64), inv, k, tiebreak)
         return dist, top
+
+    def scan_slack(self, query: MarginSparsePayload) -> tuple[np.ndarray, np.ndarray, float]:
+        """As `MarginDensePayload.scan_slack`, over the sparse rows' norms."""
+        inv = self._query_norms(query)
+        if not hasattr(self, "_x_max"):
+            self._x_max = float(np.sqrt(self.block().row_norms_sq().max())) if len(self) else 0.0
+        w = np.sqrt(query.block().row_norms_sq())
+        return np.zeros(len(query)), f64_slack(self._x_max * w * inv), REL_F64_PAYLOAD
 
     def distances(self, query: MarginSparsePayload) -> np.ndarray:
         inv = self._query_norms(query)

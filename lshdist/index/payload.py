@@ -60,6 +60,28 @@ def quantize_parallel(Z: np.ndarray, n_threads: int = 1
     return lo, step, U, err, float(grid_scale(lo, z_max, g_max))
 
 
+#: unit roundoff of float32 and float64
+U32, U64 = 2.0 ** -24, 2.0 ** -53
+#: the relative bound the exact scan allows the re-rank of payloads computed in float64 (their
+#: distances are rounded to float32 when reported): far above their float64 rounding
+REL_F64_PAYLOAD = 2.0 ** -22
+
+
+def gamma(n: int, u: float) -> float:
+    """``gamma_n = n u / (1 - n u)``: a bound on the relative rounding of n floating-point
+    operations in a product or sum, in any order (Higham, Accuracy and Stability of Numerical
+    Algorithms, 3.1)."""
+    return n * u / (1.0 - n * u)
+
+
+def f64_slack(scale: np.ndarray) -> np.ndarray:
+    """The scan's slack for payloads whose scores and re-rank are both float64 sums of exact
+    products: far above ``gamma_n`` (u = 2^-53) for any n below 10^6 terms, times the
+    magnitude ``scale`` (Q,) of what is summed."""
+    out: np.ndarray = 1e-9 * np.asarray(scale, np.float64)
+    return out
+
+
 def scan_centre(Z: np.ndarray) -> np.ndarray:
     """The centre c of the scan's scores (`DensePayload.distances`): the mean of about 1,024
     evenly spaced rows, each entry rounded to a multiple of the power of two at or below the
@@ -170,6 +192,27 @@ class DensePayload:
         D += norms[None, :]
         return D
 
+    def scan_slack(self, query: DensePayload) -> tuple[np.ndarray, np.ndarray, float]:
+        """The rounding bound of `distances` (see `RerankPayload.scan_slack`).
+
+        Scores are ``fl(-2 fl(q - c) . z) + n_z`` with ``n_z`` the float32 centred norm, so
+        ``|score - s| <= gamma_(d+8) (2 |q - c| max|z| + max n_z)`` for the exact
+        ``s = ||z - c||^2 - 2 (q - c).z`` (d products summed in any order, the centring, the
+        norm and the final sum; max|z| <= sqrt(max n_z) + |c|); ``s + |q - c|^2 + 2 (q - c).c
+        = ||q - z||^2``; the re-rank's float32 difference form is within ``gamma_(d+2)``
+        (relative) of it."""
+        c, norms = self._centred()
+        d = self.Z.shape[1]
+        g = gamma(d + 8, U32)
+        n2 = (float(norms.max()) if len(norms) else 0.0) * (1.0 + g)
+        c64 = c.astype(np.float64)
+        qc = query.Z.astype(np.float64) - c64
+        q_norm = np.sqrt(np.einsum("ij,ij->i", qc, qc))
+        z_max = np.sqrt(n2) + float(np.sqrt(c64 @ c64))
+        slack = g * (2.0 * q_norm * z_max + n2)
+        offset = q_norm ** 2 + 2.0 * (qc @ c64)
+        return offset, slack, gamma(d + 2, U32)
+
     def _centred(self) -> tuple[np.ndarray, np.ndarray]:
         """``(c, ||z - c||^2)``: a centre of the rows and their squared norms about it (float32),
         made once (by `prepare`, or the first scan; racing threads compute the same values):
@@ -279,6 +322,26 @@ class KernelPayload:
                                   self.kx, self.sx, query.indptr, qlocal, query.data,
                                   query.kx.astype(np.float64), query.sx, k, tiebreak)
         return dist, top
+
+    def scan_slack(self, query: KernelPayload) -> tuple[np.ndarray, np.ndarray, float]:
+        """`distances` and the re-rank are float64 sums of the same terms in other orders:
+        the slack scales with ``|s_x| + |s_q| + 2 (|x| |q| + |k_x| |z_q|)`` at its largest."""
+        sx_max, x_max, kx_max = self._magnitudes()
+        q_norm = np.sqrt(query.block().row_norms_sq())
+        kq_norm = np.linalg.norm(query.kx.astype(np.float64), axis=1) if query.kx.size else 0.0
+        scale = sx_max + np.abs(query.sx) + 2.0 * (x_max * q_norm + kx_max * kq_norm)
+        return np.zeros(len(query)), f64_slack(scale), REL_F64_PAYLOAD
+
+    def _magnitudes(self) -> tuple[float, float, float]:
+        """``(max |s_x|, max |x|, max |k_x|)`` over the rows, made once."""
+        got = getattr(self, "_mags", None)
+        if got is None:
+            x2 = self.block().row_norms_sq() if len(self) else np.zeros(1)
+            kx = np.linalg.norm(self.kx.astype(np.float64), axis=1) if self.kx.size else (
+                np.zeros(1))
+            sx = np.abs(self.sx) if len(self) else np.zeros(1)
+            got = self._mags = (float(sx.max()), float(np.sqrt(x2.max())), float(kx.max()))
+        return got
 
     def distances(self, query: KernelPayload) -> np.ndarray:
         """Distances from the queries to all rows, float64 (Q, N)."""

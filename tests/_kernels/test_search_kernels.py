@@ -18,7 +18,8 @@ from lshdist._kernels.search import (
     rerank_dense,
     rerank_dense_quantized,
     rerank_sparse,
-    smallest_per_row,
+    rows_within,
+    scan_thresholds,
     window_candidates,
     window_positions_bsearch,
     window_positions_merge,
@@ -125,17 +126,33 @@ def test_collect_candidates_matches_numpy(seed, keep, bits):
         assert rows[off[q] : off[q + 1]].tolist() == expect
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10**6), kk=st.integers(1, 30), n=st.integers(1, 60))
-def test_smallest_per_row_matches_numpy(seed, kk, n):
-    # Bug caught: equal entries resolved by column (row) instead of by key (id) -- the scan then
-    # drops the lowest-id rows among more than k + 16 exact ties (issue 17).
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), k=st.integers(1, 12), kk=st.integers(0, 30),
+       n=st.integers(1, 60), dtype=st.sampled_from([np.float32, np.float64]))
+def test_scan_thresholds_and_rows_within_match_numpy(seed, k, kk, n, dtype):
+    # Bugs caught: the k-th score taken as the (k+1)-th; the kk-th smallest score not a floor
+    # (fewer than k + 16 rows kept); the relative term on the score instead of the distance
+    # (score + offset); rows at exactly the threshold dropped (ties with the k-th row).
     rng = np.random.default_rng(seed)
-    D = rng.integers(0, 4, size=(4, n)).astype(np.float32)  # many ties
-    keys = shuffled_ids(rng, n)
-    got = smallest_per_row(D, kk, keys)
-    expect = np.sort(np.stack([np.lexsort((keys, row))[: min(kk, n)] for row in D]), axis=1)
-    assert np.array_equal(got, expect)
+    D = rng.integers(-3, 5, size=(5, n)).astype(dtype)  # many ties
+    offset = rng.uniform(0, 10, 5)
+    slack = rng.choice([0.0, 0.25, 1.0], 5)
+    rel = float(rng.choice([0.0, 0.01, 0.1]))
+    cap = int(rng.integers(1, 20))
+    thr, counts, buf = scan_thresholds(D, k, k + kk, offset, slack, rel, cap)
+    S = np.sort(D.astype(np.float64), axis=1)
+    kq = min(k, n)
+    vk = S[:, kq - 1]
+    floor = S[:, max(kq, min(k + kk, n)) - 1]
+    scale = np.maximum(vk + offset, 0) + slack
+    want = np.maximum(floor, vk + 2 * slack + 2 * rel * scale / (1 - rel))
+    assert np.array_equal(thr, want)
+    assert np.array_equal(counts, (D.astype(np.float64) <= want[:, None]).sum(1))
+    off, rows = rows_within(D, thr, int(counts.sum()))
+    for q in range(5):
+        assert rows[off[q]:off[q + 1]].tolist() == np.flatnonzero(D[q] <= want[q]).tolist()
+        first = np.flatnonzero(D[q] <= want[q])[:cap]
+        assert buf[q, :len(first)].tolist() == first.tolist() and np.all(buf[q, len(first):] == -1)
 
 
 @settings(max_examples=25, deadline=None)

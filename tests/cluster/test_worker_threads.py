@@ -46,7 +46,7 @@ warm_kernels()
 need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_positions_merge,
         s.window_positions_bsearch, s.window_candidates, s.collect_windows, s.rerank_dense,
         s.rerank_dense_quantized, s.column_bounds, s.grid_steps, s.quantize_block, s.grid_scale,
-        s.smallest_per_row, s.candidate_hamming,
+        s.scan_thresholds, s.rows_within, s.candidate_hamming,
         s.candidate_recall_grid]
 missing = [f.py_func.__name__ for f in need if not f.signatures]
 assert not missing, missing

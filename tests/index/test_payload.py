@@ -137,7 +137,7 @@ def test_uint8_copy_on_threads_equals_the_serial_kernel():
     assert p._quantized is not None and np.array_equal(p._quantized[2], want[2])
 
 
-@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, 1e5])
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4, 1e5, 1e6, 1e7])
 def test_exact_scan_far_from_the_origin(offset):
     """`scan_topk` gives the float64 neighbours (ties by row) of rows whose mean is large
     against their spread.  Bug caught: candidates from the float32 expansion |z|^2 - 2 q.z
@@ -151,3 +151,50 @@ def test_exact_scan_far_from_the_origin(offset):
     D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
     want = np.lexsort((np.broadcast_to(np.arange(len(X)), D.shape), D), axis=1)[:, :10]
     assert np.array_equal(ids, want)
+
+
+@pytest.mark.parametrize("offset,spread", [(0.0, 1.0), (1e3, 1.0), (1e6, 1.0), (0.0, 1e4),
+                                           (200.0, 60.0)])
+def test_dense_scan_slack_bounds_the_scores(offset, spread):
+    """`DensePayload.scan_slack`: every score plus the query's offset is within the slack of
+    the float64 squared distance, and the re-rank's float32 distance within ``rel`` of it
+    (relative).  Catches: the offset's sign or its 2 (q - c).c term, a bound over |q| instead
+    of |q - c| that is too small for rows far from the origin, gamma_d taken for d = 1."""
+    rng = np.random.default_rng(5)
+    d = 48
+    X = (rng.normal(size=(3000, d)) * spread + offset).astype(np.float32)
+    Q = (rng.normal(size=(40, d)) * spread + offset).astype(np.float32)
+    X[7] *= 3.0  # one long row: the bound takes the largest
+    p, qp = DensePayload(X), DensePayload(Q)
+    S = p.distances(qp).astype(np.float64)
+    offset_q, slack, rel = p.scan_slack(qp)
+    exact = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
+    err = np.abs(S + offset_q[:, None] - exact)
+    assert np.all(err <= slack[:, None])
+    assert err.max() > 1e-3 * slack.min()  # the bound is not vacuous: within 1000x of errors
+    rows = np.tile(np.arange(3000), 40)
+    offs = np.arange(0, 40 * 3000 + 1, 3000, dtype=np.int64)
+    got, ids = rerank_dense(offs, rows, X, Q, 3000, np.arange(3000, dtype=np.int64))
+    want = np.take_along_axis(exact, ids, axis=1)
+    assert np.all(np.abs(got - want) <= rel * want + 1e-30)
+
+
+def test_float64_payloads_scan_slack_covers_their_rerank():
+    """The kernel and margin payloads' slack covers the difference between their float64
+    `distances` and their re-rank, so the exact scan re-ranks every row it must."""
+    from lshdist.index.hyperplane import MarginDensePayload
+
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(500, 30)).astype(np.float32)
+    W = rng.normal(size=(8, 30))
+    W[0] = X[3] @ np.eye(30)  # a normal whose margin to some row is far from 0
+    pts = MarginDensePayload(X)
+    qs = MarginDensePayload(W, 1.0 / np.linalg.norm(W, axis=1))
+    D = pts.distances(qs)
+    offset, slack, rel = pts.scan_slack(qs)
+    assert np.all(offset == 0) and np.all(slack > 0) and rel > 0
+    rows = np.tile(np.arange(500), 8)
+    offs = np.arange(0, 8 * 500 + 1, 500, dtype=np.int64)
+    got, ids = pts.rerank(offs, rows, qs, 500, np.arange(500, dtype=np.int64))
+    want = np.take_along_axis(D, ids, axis=1)
+    assert np.all(np.abs(got - want) <= slack[:, None] + rel * np.abs(want))
