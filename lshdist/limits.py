@@ -21,8 +21,9 @@ def one_blas_thread() -> Iterator[None]:
     own: two threads of a 2-thread BLAS on 2 cores run slower than one).  The limit is
     process-wide, saved and restored, so only one such section runs at a time — overlapping
     ones would restore each other's limit.  Never nested: the threads a holder waits for must
-    not enter another section (the threaded hashing and the metric selection's grid, its two
-    users, call nothing that does)."""
+    not enter another section (its users — the threaded hashing, the metric selection's grid
+    and the threaded exact scan — call nothing that does: the grid's fits scan on one
+    thread)."""
     from threadpoolctl import threadpool_limits
 
     with _ONE_BLAS_THREAD, threadpool_limits(1, user_api="blas"):

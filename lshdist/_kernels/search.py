@@ -585,6 +585,8 @@ def scan_thresholds(D, k, kk, offset, slack, rel, cap):
         vk = vals[k - 1]
         scale = max(vk + offset[q], 0.0) + slack[q]
         t_q = max(vals[kk - 1], vk + 2.0 * slack[q] + 2.0 * rel * scale / (1.0 - rel))
+        if not t_q >= vals[kk - 1]:  # NaN: scores or bounds overflowed -- keep every row
+            t_q = np.inf
         thr[q] = t_q
         if t_q == vals[kk - 1] and not tie:  # exactly the kk kept
             cols = np.sort(idx)

@@ -136,9 +136,11 @@ class MarginDensePayload:
         """`distances` and the re-rank are float64 sums of the same exact products:
         ``|w^T x|`` is within a float64 rounding of ``|w| |x|``, times ``1 / |w|``."""
         inv = self._query_norms(query)
-        if not hasattr(self, "_x_max"):
-            X = self.X.astype(np.float64)
-            self._x_max = float(np.sqrt((X * X).sum(axis=1).max())) if len(self) else 0.0
+        if not hasattr(self, "_x_max"):  # in row blocks: no float64 copy of the whole pool
+            self._x_max = float(np.sqrt(max(
+                (np.square(self.X[a:b], dtype=np.float64).sum(axis=1).max()
+                 for a, b in row_ranges(len(self), max(1, len(self) // 65536))),
+                default=0.0)))
         w = np.linalg.norm(query.X, axis=1)
         return np.zeros(len(query)), f64_slack(self._x_max * w * inv), REL_F64_PAYLOAD
 

@@ -67,11 +67,16 @@ U32, U64 = 2.0 ** -24, 2.0 ** -53
 REL_F64_PAYLOAD = 2.0 ** -22
 
 
+#: the smallest float32 subnormal: a float32 operation's result underflowing is off by at most
+#: this much in absolute terms, which no relative bound covers
+TINY32 = 2.0 ** -149
+
+
 def gamma(n: int, u: float) -> float:
     """``gamma_n = n u / (1 - n u)``: a bound on the relative rounding of n floating-point
     operations in a product or sum, in any order (Higham, Accuracy and Stability of Numerical
-    Algorithms, 3.1)."""
-    return n * u / (1.0 - n * u)
+    Algorithms, 3.1); infinite (no bound: the scan then re-ranks every row) for n u >= 1/2."""
+    return n * u / (1.0 - n * u) if n * u < 0.5 else float("inf")
 
 
 def f64_slack(scale: np.ndarray) -> np.ndarray:
@@ -209,7 +214,9 @@ class DensePayload:
         qc = query.Z.astype(np.float64) - c64
         q_norm = np.sqrt(np.einsum("ij,ij->i", qc, qc))
         z_max = np.sqrt(n2) + float(np.sqrt(c64 @ c64))
-        slack = g * (2.0 * q_norm * z_max + n2)
+        # underflow (rows or differences within ~1e-19 of 0) is absolute, for the score's d
+        # products and norm terms and for the re-rank's d squares
+        slack = g * (2.0 * q_norm * z_max + n2) + (4 * d + 16) * TINY32
         offset = q_norm ** 2 + 2.0 * (qc @ c64)
         return offset, slack, gamma(d + 2, U32)
 
@@ -219,7 +226,14 @@ class DensePayload:
         0.018 s at 60,000 x 784, where the plain norms took 0.013 s."""
         got = getattr(self, "_centred_norms", None)
         if got is None:
-            got = self._centred_norms = (c := scan_centre(self.Z), centred_sq_norms(self.Z, c))
+            c = scan_centre(self.Z)
+            norms = centred_sq_norms(self.Z, c)
+            if len(norms) and not np.isfinite(norms.max()):
+                row = int(np.flatnonzero(~np.isfinite(norms))[0])
+                raise InputError(f"row {row}'s squared distance from the rows' centre exceeds "
+                                 "float32's range (3.4e38): distances among these rows cannot "
+                                 "be ranked in float32; scale the data down (or its metric)")
+            got = self._centred_norms = (c, norms)
         return got
 
 

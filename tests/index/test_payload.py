@@ -198,3 +198,71 @@ def test_float64_payloads_scan_slack_covers_their_rerank():
     got, ids = pts.rerank(offs, rows, qs, 500, np.arange(500, dtype=np.int64))
     want = np.take_along_axis(D, ids, axis=1)
     assert np.all(np.abs(got - want) <= slack[:, None] + rel * np.abs(want))
+
+
+def test_threaded_scan_holds_blas_to_one_thread_per_thread(monkeypatch):
+    """A scan on several threads runs each block's product on one BLAS thread (two 2-thread
+    products on 2 cores ran 1.7x slower), the same answers as one thread, and the limit is
+    lifted after.  Bug caught: the limit dropped, or left on after the scan."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from lshdist.index.scan import scan_topk
+
+    def blas_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    seen: list[int] = []
+    distances = DensePayload.distances
+
+    def recording(self, query):
+        seen.append(blas_threads())
+        return distances(self, query)
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(3000, 24)).astype(np.float32)
+    Q = rng.normal(size=(300, 24)).astype(np.float32)
+    want = scan_topk(DensePayload(X), DensePayload(Q), 5)
+    monkeypatch.setattr(DensePayload, "distances", recording)
+    with threadpool_limits(2, user_api="blas"):
+        got = scan_topk(DensePayload(X), DensePayload(Q), 5, block=64, n_threads=2)
+        assert len(seen) == 5 and set(seen) == {1}
+        assert blas_threads() == 2
+        seen.clear()
+        scan_topk(DensePayload(X), DensePayload(Q), 5, block=64)
+        assert set(seen) == {2}
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
+
+
+def test_rows_beyond_float32_distances_are_refused():
+    """Rows whose squared distances overflow float32 cannot be ranked by the re-rank (every
+    distance inf, ties by id): refused with what to do.  Rows near that range but within it
+    are scanned exactly (the bound grows, the answer stays the re-rank's)."""
+    from lshdist.errors import InputError
+    from lshdist.index.scan import scan_topk
+
+    rng = np.random.default_rng(4)
+    big = (rng.normal(size=(200, 8)) * 1e19).astype(np.float32)
+    with pytest.raises(InputError, match=r"exceeds float32's range.*scale the data down"):
+        DensePayload(big).prepare()
+    X = (rng.normal(size=(200, 8)) * 1e17).astype(np.float32)
+    Q = (rng.normal(size=(5, 8)) * 1e17).astype(np.float32)
+    _, ids = scan_topk(DensePayload(X), DensePayload(Q), 3)
+    D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
+    assert np.array_equal(ids, np.argsort(D, axis=1, kind="stable")[:, :3])
+
+
+def test_exact_scan_of_rows_near_float32_underflow():
+    """Rows whose differences underflow float32 (spread ~1e-23): the scan's slack carries an
+    absolute term for subnormal results, so the answer is a re-rank of every row's.  Bug
+    caught: a purely relative bound (13-27 of 40 queries other rows)."""
+    from lshdist.index.scan import scan_topk
+
+    rng = np.random.default_rng(5)
+    for m, s, d in [(0.0, 3e-23, 1), (0.0, 3e-23, 4), (1e-18, 1e-24, 20)]:
+        X = (m + rng.normal(size=(500, d)) * s).astype(np.float32)
+        Q = (m + rng.normal(size=(40, d)) * s).astype(np.float32)
+        offs = np.arange(0, 40 * 500 + 1, 500, dtype=np.int64)
+        rows = np.tile(np.arange(500, dtype=np.int64), 40)
+        want = rerank_dense(offs, rows, X, Q, 3, np.arange(500, dtype=np.int64))
+        got = scan_topk(DensePayload(X), DensePayload(Q), 3)
+        assert np.array_equal(got[1], want[1])
