@@ -18,18 +18,25 @@ _ONE_BLAS_THREAD = threading.Lock()
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """BLAS held to one thread while the caller runs its own threads (each a BLAS call of its
-    own: two threads of a 2-thread BLAS on 2 cores run slower than one).  The limit is
-    process-wide, saved and restored, so only one such section runs at a time — overlapping
-    ones would restore each other's limit.  Never nested: the threads a holder waits for must
-    not enter another section (its users — the threaded hashing, the metric selection's grid
-    and the threaded exact scan — call nothing that does: the grid's fits scan on one
-    thread)."""
+    own: two threads of a 2-thread BLAS on 2 cores run slower than one).  Its users: the
+    threaded hashing, the metric selection's grid and the threaded exact scan.
+
+    The limit is process-wide, saved and restored by the one section that holds it.  A section
+    entered while another is active (nested in the same thread, in a thread the holder waits
+    for, or in another thread) neither waits nor touches the limit — BLAS is at one thread
+    already — so sections never deadlock and never restore each other's limit; if the holder
+    ends first, the rest of the other runs with BLAS's own threads (slower, not wrong).  (Until
+    session 16 a section waited for the holder: a threaded scan inside a section deadlocked.)"""
     from threadpoolctl import threadpool_limits
 
-    with _ONE_BLAS_THREAD, threadpool_limits(1, user_api="blas"):
+    if not _ONE_BLAS_THREAD.acquire(blocking=False):
         yield
-
-
+        return
+    try:
+        with threadpool_limits(1, user_api="blas"):
+            yield
+    finally:
+        _ONE_BLAS_THREAD.release()
 def available_cores() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one)."""
     import os
