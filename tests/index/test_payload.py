@@ -266,3 +266,25 @@ def test_exact_scan_of_rows_near_float32_underflow():
         want = rerank_dense(offs, rows, X, Q, 3, np.arange(500, dtype=np.int64))
         got = scan_topk(DensePayload(X), DensePayload(Q), 3)
         assert np.array_equal(got[1], want[1])
+
+
+def test_rows_far_from_the_origin_keep_few_candidates():
+    """Rows far from the origin against their spread are multiplied centred, so the scan's
+    rounding bound stays below the gaps between neighbours and few rows are re-ranked, with the
+    float64 neighbours as the answer.  Bug caught: the product over uncentred rows, whose bound
+    (~u |q - c| |z|) re-ranked every row at 10^6."""
+    from lshdist._kernels.search import scan_thresholds
+    from lshdist.index.scan import scan_topk
+
+    rng = np.random.default_rng(6)
+    for offset in (0.0, 1e6):
+        X = (rng.normal(size=(5000, 20)) + offset).astype(np.float32)
+        Q = (rng.normal(size=(100, 20)) + offset).astype(np.float32)
+        p, qp = DensePayload(X), DensePayload(Q)
+        assert (p._centred()[2] is None) == (offset == 0.0)  # a copy for far rows only
+        o, slack, rel = p.scan_slack(qp)
+        _, counts, _ = scan_thresholds(p.distances(qp), 10, 26, o, slack, rel, 104)
+        assert counts.max() < 100, counts.max()
+        _, ids = scan_topk(p, qp, 10)
+        D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
+        assert np.array_equal(ids, np.argsort(D, axis=1, kind="stable")[:, :10])
