@@ -189,7 +189,8 @@ class DensePayload:
 
     def distances(self, query: DensePayload) -> np.ndarray:
         """Scores that order each query's rows as their squared distances do, by float32 BLAS:
-        ``||z - c||^2 - 2 (q - c)^T z`` about a centre ``c`` of the rows (`scan_centre`) —
+        ``||z - c||^2 - 2 (q - c)^T z`` about a centre ``c`` of the rows (`scan_centre`; with
+        ``z - c`` in the product for rows far from the origin, see `_centred`) —
         ``||q - z||^2`` less terms that are the same along a query's row (the scan keeps the
         best rows by these and re-checks them exactly).  Centred, the product's rounding is
         ``~u |q - c| |z|``, not ``~u |q| |z|``: rows far from the origin against their spread
@@ -206,12 +207,15 @@ class DensePayload:
     def scan_slack(self, query: DensePayload) -> tuple[np.ndarray, np.ndarray, float]:
         """The rounding bound of `distances` (see `RerankPayload.scan_slack`).
 
-        Scores are ``fl(-2 fl(q - c) . z) + n_z`` with ``n_z`` the float32 centred norm, so
-        ``|score - s| <= gamma_(d+8) (2 |q - c| max|z| + max n_z)`` for the exact
-        ``s = ||z - c||^2 - 2 (q - c).z`` (d products summed in any order, the centring, the
-        norm and the final sum; max|z| <= sqrt(max n_z) + |c|); ``s + |q - c|^2 + 2 (q - c).c
-        = ||q - z||^2``; the re-rank's float32 difference form is within ``gamma_(d+2)``
-        (relative) of it."""
+        Scores are ``fl(-2 fl(q - c) . y) + n_z`` with ``n_z`` the float32 centred norm and
+        ``y`` the rows multiplied — ``z``, or ``z - c`` for rows far from the origin
+        (`_centred`) — so ``|score - s| <= gamma_(d+8) (2 |q - c| max|y| + max n_z)`` for the
+        exact ``s = ||z - c||^2 - 2 (q - c).y`` (d products summed in any order, the centring,
+        the norm and the final sum; max|z| <= sqrt(max n_z) + |c|); the offset is
+        ``|q - c|^2 + 2 (q - c).c`` for ``y = z`` and ``|q - c|^2`` for ``y = z - c``, so that
+        ``s + offset = ||q - z||^2``; the re-rank's float32 difference form is within
+        ``gamma_(d+2)`` (relative) of it; and ``(4d + 16) 2^-149`` covers results that
+        underflow."""
         c, norms, Zc = self._centred()
         d = self.Z.shape[1]
         g = gamma(d + 8, U32)
