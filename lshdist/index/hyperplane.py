@@ -39,7 +39,7 @@ from lshdist._kernels.hyperplane import (
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
-from lshdist.index.payload import REL_F64_PAYLOAD, csr_take, f64_slack
+from lshdist.index.payload import REL_F64_PAYLOAD, csr_take, f64_slack, refuse_overflow
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import permutation_seed
@@ -130,7 +130,7 @@ class MarginDensePayload:
                tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         inv = self._query_norms(query)
         dist, top = rerank_margin_dense(offsets, rows, self.X, query.X, inv, k, tiebreak)
-        return dist, top
+        return refuse_overflow(dist, top, "margin")
 
     def scan_slack(self, query: MarginDensePayload) -> tuple[np.ndarray, np.ndarray, float]:
         """`distances` and the re-rank are float64 sums of the same exact products:
@@ -239,7 +239,7 @@ class MarginSparsePayload:
         dist, top = rerank_margin_sparse(offsets, rows, self.indptr, local, self.data,
                                          len(features), query.indptr, qlocal,
                                          query.data.astype(np.float64), inv, k, tiebreak)
-        return dist, top
+        return refuse_overflow(dist, top, "margin")
 
     def scan_slack(self, query: MarginSparsePayload) -> tuple[np.ndarray, np.ndarray, float]:
         """As `MarginDensePayload.scan_slack`, over the sparse rows' norms."""

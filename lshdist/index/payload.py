@@ -76,6 +76,21 @@ FAR_FROM_ORIGIN = 4.0
 TINY32 = 2.0 ** -149
 
 
+def refuse_overflow(dist: np.ndarray, top: np.ndarray, what: str = "squared distance"
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``(dist, top)`` of a re-rank, unless a returned neighbour's distance overflowed float32
+    (inf where a row was found): such neighbours would be ranked by id, not distance, so the
+    whole call is refused (`InputError`) rather than answered silently wrong.  Rows padded
+    for lack of candidates (id -1) are inf by design and pass."""
+    bad = np.isinf(dist) & (top >= 0)
+    if bad.any():
+        q, j = (int(v) for v in np.argwhere(bad)[0])
+        raise InputError(f"a query's {what} to database row {int(top[q, j])} exceeds float32's "
+                         "range (3.4e38): its neighbours cannot be ranked; scale the data (or "
+                         "its metric) down, or check the queries for a unit or encoding error")
+    return dist, top
+
+
 def gamma(n: int, u: float) -> float:
     """``gamma_n = n u / (1 - n u)``: a bound on the relative rounding of n floating-point
     operations in a product or sum, in any order (Higham, Accuracy and Stability of Numerical
@@ -161,11 +176,10 @@ class DensePayload:
                              f"{self.Z.shape[1]}: were they encoded with the index's model?")
         if (self.Z.shape[1] < QUANTIZED_MIN_COLUMNS or len(offsets) < 2
                 or int(np.max(np.diff(offsets))) <= 4 * k):  # the scan's few rows per query
-            dist, top = rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak)
-            return dist, top
+            return refuse_overflow(*rerank_dense(offsets, rows, self.Z, query.Z, k, tiebreak))
         dist, top, _ = rerank_dense_quantized(offsets, rows, self.Z, query.Z, k, tiebreak,
                                               *self.quantized())
-        return dist, top
+        return refuse_overflow(dist, top)
 
     def quantized(self, n_threads: int = 1
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -354,7 +368,7 @@ class KernelPayload:
         dist, top = rerank_sparse(offsets, rows, self.indptr, local, self.data, len(features),
                                   self.kx, self.sx, query.indptr, qlocal, query.data,
                                   query.kx.astype(np.float64), query.sx, k, tiebreak)
-        return dist, top
+        return refuse_overflow(dist, top)
 
     def scan_slack(self, query: KernelPayload) -> tuple[np.ndarray, np.ndarray, float]:
         """`distances` and the re-rank are float64 sums of the same terms in other orders:

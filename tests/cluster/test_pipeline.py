@@ -257,7 +257,7 @@ def test_merge_of_partial_topk_equals_global_topk(n, parts, k, seed):
     assert np.array_equal(merged[1], expect[1]) and np.array_equal(merged[0], expect[0])
 
 
-def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
+def test_bad_input_at_the_cli(letter_job, letter, tmp_path, capsys):
     from lshdist.store.dataset import write_dataset
 
     with dask_client(workers=1, processes=False) as client:
@@ -268,6 +268,15 @@ def test_bad_input_at_the_cli(letter_job, tmp_path, capsys):
     assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "q15"),
                  "--out", str(tmp_path / "r"), *base]) == 2
     assert "has 15 features, but the model was learned on 16" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    # a query whose learned distances overflow float32 (answered before as inf, ranked by id)
+    far = np.array(letter.X_test[:50], np.float32)
+    far[3] *= np.float32(1e19)
+    write_dataset(tmp_path / "far", far)
+    assert main(["query", "--index", str(tmp_path / "idx"), "--queries", str(tmp_path / "far"),
+                 "--out", str(tmp_path / "r"), *base]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds float32's range (3.4e38): its neighbours cannot be ranked" in err, err
     assert not (tmp_path / "r").exists()
     # unreachable scheduler
     assert main(["query", "--index", str(tmp_path / "idx"),

@@ -288,3 +288,44 @@ def test_rows_far_from_the_origin_keep_few_candidates():
         _, ids = scan_topk(p, qp, 10)
         D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
         assert np.array_equal(ids, np.argsort(D, axis=1, kind="stable")[:, :10])
+
+
+@pytest.mark.parametrize("mode", ["scan", "hash"])
+def test_queries_beyond_float32_distances_are_refused(mode):
+    """A query whose learned distance to its neighbours overflows float32 (every one inf,
+    ranked by id — what both searches returned before) is refused with what to do, by the
+    scan and the hashed search alike; the other queries of a batch are not answered
+    silently around it (the whole call refuses).  A query far from the rows but within the
+    range is answered exactly."""
+    from lshdist.errors import InputError
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(2000, 16)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(16), seed=0).fit(X)
+    Q = rng.normal(size=(5, 16)).astype(np.float32)
+    Q[2] *= 1e19
+    with pytest.raises(InputError, match=r"float32's range.*cannot be ranked.*scale"):
+        ix.query(Q, 3, mode=mode)
+    Q[2] = rng.normal(size=16) * 1e3  # far from the rows, within range: exact neighbours
+    d, ids = ix.query(Q, 3, mode="scan")
+    D = ((Q.astype(np.float64)[:, None] - X.astype(np.float64)[None]) ** 2).sum(-1)
+    assert np.isfinite(d).all()
+    assert np.array_equal(ids[2], np.argsort(D[2], kind="stable")[:3])
+
+
+def test_kernel_distances_beyond_float32_are_refused():
+    """The kernel payload's float64 distances, returned as float32, are refused past its range
+    too (here a query's self-similarity of 1e40), not answered as inf ranked by id."""
+    from lshdist.errors import InputError
+    from lshdist.index.scan import scan_topk
+
+    indptr, indices, data = _csr()
+    n = len(indptr) - 1
+    pool = KernelPayload(indptr, indices, data, np.zeros((n, 4)), np.ones(n))
+    q = KernelPayload(indptr[:2], indices[: indptr[1]], data[: indptr[1]], np.zeros((1, 4)),
+                      np.array([1e40]))
+    with pytest.raises(InputError, match=r"float32's range.*cannot be ranked"):
+        scan_topk(pool, q, 2)
+    q.sx[0] = 1.0  # the same query within range
+    d, _ = scan_topk(pool, q, 2)
+    assert np.isfinite(d).all()
