@@ -8,10 +8,13 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from lshdist.blocks import Block, SparseBlock
 from lshdist.config import LearnConfig, add_options, from_args
 from lshdist.embed.model import SetEmbedding
 from lshdist.errors import InputError
+from lshdist.index.payload import checked_centred_norms
 from lshdist.limits import available_cores
 from lshdist.metric.itml import ITML, KernelITML
 from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
@@ -65,6 +68,8 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
         X: Block = E
     else:
         X = data.read_row_set(rows, threads=available_cores())
+        if not isinstance(X, SparseBlock):  # before ITML, not where the first scan runs
+            checked_centred_norms(np.ascontiguousarray(X, np.float32), data.ids()[rows])
     y = y_all[rows]
     if len(rows) < data.n:
         log.info("learning from a stratified sample of %d of %d rows", len(rows), data.n)

@@ -69,6 +69,14 @@ def test_learn_cli_writes_a_model(tmp_path, capsys):
     assert main(["learn", "--data", str(tmp_path / "one"), "--out", str(tmp_path / "m2")]) == 2
     assert "one class only" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+    # rows whose squared distances overflow float32: refused before ITML runs (it ran, then
+    # the first scan refused them), naming a row by its id
+    big = s.X_train.astype(np.float32) * np.float32(1e19)
+    write_dataset(tmp_path / "big", big, s.y_train, ids=np.arange(100, 100 + len(big)))
+    assert main(["learn", "--data", str(tmp_path / "big"), "--out", str(tmp_path / "m3")]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds float32's range (3.4e38)" in err and "scale the data down" in err, err
+    assert "row 1" in err and "ITML" not in err and not (tmp_path / "m3").exists()
 
 
 def _edit(path, change):
