@@ -37,6 +37,7 @@ from lshdist._kernels.hyperplane import (
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily, check_bits, gaussian_matrix, sparse_projection
+from lshdist.validation import check_finite
 
 #: dense EH-Hash materialises U (bits x D x D float64) up to this many entries (64 MB) and
 #: hashes by matrix products; beyond, pairs are generated per row (`eh_project_csr`)
@@ -118,6 +119,7 @@ class HyperplaneFamily(HashFamily):
                              f"but the hash family has d={self.d}")
         if exact and not isinstance(B, SparseBlock):
             B = np.ascontiguousarray(np.asarray(X), np.float64)
+        check_finite(B, name=what)
         return B
 
     def points(self, X: RowsLike) -> Block:

@@ -25,6 +25,7 @@ from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.scan import scan_topk
 from lshdist.metric.learned import ImplicitMetric
+from lshdist.validation import check_finite
 
 if TYPE_CHECKING:
     from lshdist.hashing.families import HashFamily
@@ -42,6 +43,7 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     """Keys and re-rank payload of rows ``X``; kernel values are computed once for both;
     ``n_threads``: threads of the (dense, float32) hashing (`HashFamily.hash`)."""
     B = metric.check(as_block(X))
+    check_finite(B, name="the queries (Xq)" if query else "the rows (X)")
     kx = None
     if isinstance(metric, ImplicitMetric) and not metric.is_identity:
         kx = metric.kernel_values(B)

@@ -44,7 +44,7 @@ from lshdist._kernels.hashing import pack_signs
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.krylov import block_krylov, subspace_residuals
 from lshdist.index.payload import DensePayload
-from lshdist.validation import check_k, check_numeric_matrix
+from lshdist.validation import check_finite, check_k, check_numeric_matrix
 
 if TYPE_CHECKING:
     from lshdist.blocks import RowsLike
@@ -136,8 +136,10 @@ class SubspaceIndex:
         self.seed = seed
 
     def _space(self, X: RowsLike) -> np.ndarray:
-        if self.metric is not None:
-            return self.metric.transform(X)
+        if self.metric is not None:  # the transform's rows, which also overflow to inf
+            Z = self.metric.transform(X)
+            check_finite(Z, name="X (in the model's space)")
+            return Z
         return check_numeric_matrix(X)
 
     def check_params(self, d: int) -> int:

@@ -156,7 +156,8 @@ def _nan(tmp):
     X = np.ones((6, 2))
     X[4, 0], X[5, 1] = np.nan, -np.inf
     np.save(tmp / "x.npy", X)
-    message = r"'.*x.npy' holds 2 NaN or infinite values \(first in row 4\); remove or impute"
+    message = (r"'.*x.npy' holds 2 NaN or infinite values \(first in row 4, column \d+\): "
+               r".*remove or impute")
     return ["x.npy"], message
 
 

@@ -134,7 +134,8 @@ def test_bad_input(toy):
         KernelITML(n_basis=500).fit(X, y)
     Xn = X.copy()
     Xn[5, 2] = np.nan
-    with pytest.raises(InputError, match=r"1 NaN or infinite values \(first in row 5\)"):
+    with pytest.raises(InputError,
+                       match=r"1 NaN or infinite values \(first in row 5, column 2\)"):
         ITML().fit(Xn, y)
     with pytest.raises(
         InputError, match="constraint id 120 is out of range: the data has 120 points"
