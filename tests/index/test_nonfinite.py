@@ -47,6 +47,7 @@ def test_nonfinite_rows_and_queries_are_refused(bad):
             ix.query(Q, 3, mode=mode)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_nonfinite_hyperplanes_and_subspace_rows_are_refused():
     from lshdist.index.hyperplane import HyperplaneIndex
     from lshdist.index.subspace import SubspaceIndex
