@@ -54,3 +54,41 @@ assert not missing, missing
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _malloc_environ() -> dict[str, str]:
+    with open(f"/proc/{os.getpid()}/environ", "rb") as f:
+        raw = f.read().split(b"\0")
+    return {k: v for k, v in (kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+            if k.startswith("MALLOC_")}
+
+
+def test_worker_malloc_replaces_only_dasks_default_trim_threshold():
+    import dask
+
+    from lshdist.cluster.client import DASK_DEFAULT_TRIM, WORKER_MALLOC, worker_pre_spawn_env
+
+    pre = worker_pre_spawn_env()
+    assert {k: pre[k] for k in WORKER_MALLOC} == WORKER_MALLOC
+    assert WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"] != DASK_DEFAULT_TRIM
+    assert pre["OMP_NUM_THREADS"] == "1"  # Dask's other pre-spawn settings kept
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 12345}):
+        user = worker_pre_spawn_env()
+    assert user["MALLOC_TRIM_THRESHOLD_"] == "12345" and "MALLOC_MMAP_THRESHOLD_" not in user
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TOP_PAD_": 4096}):
+        assert worker_pre_spawn_env()["MALLOC_TOP_PAD_"] == "4096"  # the user's, beside ours
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
+def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
+    """glibc reads them at process start: they must be in what exec received, and the
+    driver's own environment is left as it was (the Nanny writes them into it to spawn)."""
+    from lshdist.cluster.client import WORKER_MALLOC
+
+    for var in WORKER_MALLOC:
+        monkeypatch.delenv(var, raising=False)
+    with dask_client(workers=1) as client:
+        got = list(client.run(_malloc_environ).values())
+    assert got == [WORKER_MALLOC]
+    assert not any(v in os.environ for v in WORKER_MALLOC)
