@@ -24,16 +24,17 @@ log = logging.getLogger(__name__)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
 #: glibc's malloc in LocalCluster worker processes keeps freed memory for reuse — blocks under
-#: 256 MiB from the heap, at most 1 GiB of free heap kept — where Dask's default
-#: (``distributed.nanny.pre-spawn-environ``: MALLOC_TRIM_THRESHOLD_=65536) hands every freed
-#: block above 64 KiB back to the kernel and the next allocation faults it in again, page by
-#: page.  Measured (1 M rows, 100,000 queries, session 17; README "A million rows"): loading a
-#: 100,000-row segment took 4.4x the page faults; the query stage was 3 % faster on 1 worker
-#: and 10 % on 2, where faults from two processes contend.  Read by glibc when a process
-#: starts, so it must be in the environment the worker is spawned with (hence the Nanny's
+#: 32 MiB from the heap, up to 64 MiB of free heap kept at its top — where Dask's default
+#: (``distributed.nanny.pre-spawn-environ``: MALLOC_TRIM_THRESHOLD_=65536, which also pins the
+#: mmap threshold at 128 KiB) maps every larger block on allocation, unmaps it on free, and the
+#: next one faults its pages in again.  Measured (1 M rows, 100,000 queries, session 17; README
+#: "A million rows"): loading a 100,000-row segment took 4.4x the page faults with Dask's
+#: setting; the query stage was 3-18 % faster with memory kept.  The cost is RSS held: the
+#: query-memory benchmark's worker peak at 16,000 queries 493 -> 582 MiB.  Read by glibc when a
+#: process starts, so it must be in the environment the worker is spawned with (the Nanny's
 #: pre-spawn config, not its ``env``).  A trim threshold the user configured is kept.
-WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(256 << 20),
-                 "MALLOC_TOP_PAD_": str(256 << 20)}
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                 "MALLOC_TOP_PAD_": str(16 << 20)}
 #: Dask's own default trim threshold (distributed.yaml), which `WORKER_MALLOC` replaces
 DASK_DEFAULT_TRIM = "65536"
 
