@@ -225,3 +225,21 @@ def test_schedule_files():
     assert timer["OnCalendar"] and timer["Persistent"] == "true"
     for rel in ("jobs/daily_append.py", "configs/jobs/daily.yaml"):
         assert (REPO / rel).is_file()
+
+
+def test_image_dask_config_sets_the_worker_malloc():
+    """deploy/dask/workers.yaml (copied to /etc/dask in the image) gives `dask worker`
+    processes the malloc settings lshdist's LocalCluster uses, and lshdist keeps them."""
+    import dask
+    import distributed  # noqa: F401
+
+    from lshdist.cluster.client import WORKER_MALLOC, worker_pre_spawn_env
+
+    assert ("COPY", "deploy/dask/workers.yaml /etc/dask/lshdist-workers.yaml") in _dockerfile()
+    cfg = dask.config.collect(paths=[str(DEPLOY / "dask")], env={})
+    pre = cfg["distributed"]["nanny"]["pre-spawn-environ"]
+    assert {k: str(v) for k, v in pre.items()} == WORKER_MALLOC
+    # merged over distributed's defaults, as dask merges /etc/dask files
+    with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in pre.items()}):
+        got = worker_pre_spawn_env()
+    assert {k: got[k] for k in WORKER_MALLOC} == WORKER_MALLOC and got["OMP_NUM_THREADS"] == "1"
