@@ -37,6 +37,8 @@ def one_blas_thread() -> Iterator[None]:
             yield
     finally:
         _ONE_BLAS_THREAD.release()
+
+
 def available_cores() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one)."""
     import os

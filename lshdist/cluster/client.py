@@ -29,10 +29,11 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 #: mmap threshold at 128 KiB) maps every larger block on allocation, unmaps it on free, and the
 #: next one faults its pages in again.  Measured (1 M rows, 100,000 queries, session 17; README
 #: "A million rows"): loading a 100,000-row segment took 4.4x the page faults with Dask's
-#: setting; the query stage was 3-18 % faster with memory kept.  The cost is RSS held: the
-#: query-memory benchmark's worker peak at 16,000 queries 493 -> 582 MiB.  Read by glibc when a
-#: process starts, so it must be in the environment the worker is spawned with (the Nanny's
-#: pre-spawn config, not its ``env``).  A trim threshold the user configured is kept.
+#: setting; the query stage was 3-13 % faster with this setting (2-18 % with the larger ones
+#: tried).  The cost is RSS held: the query-memory benchmark's worker peak at 16,000 queries
+#: 493 -> 582 MiB.  Read by glibc when a process starts, so it must be in the environment the
+#: worker is spawned with (the Nanny's pre-spawn config, not its ``env``).  A trim threshold
+#: the user configured is kept (and Dask's default, were it to change, is left alone).
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(64 << 20), "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
                  "MALLOC_TOP_PAD_": str(16 << 20)}
 #: Dask's own default trim threshold (distributed.yaml), which `WORKER_MALLOC` replaces
