@@ -15,7 +15,7 @@ from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_top
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import contiguous_span, read_segment, write_segment
-from lshdist.store.results import write_part
+from lshdist.store.results import PartWriter, queries_per_group
 
 if TYPE_CHECKING:
     from lshdist.index.calibrate import MergedGrid
@@ -224,10 +224,17 @@ def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, 
 
 def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir: str,
                     chunk: int) -> int:
-    """Merge the partial lists of one query chunk and write its Parquet parts; returns Q."""
-    dist, ids = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
-    cand = np.sum([p[2] for p in parts], axis=0)
-    return write_part(out_dir, chunk, encoded[2], dist, ids, cand)
+    """Merge the partial lists of one query chunk and write its Parquet parts, a row group
+    of queries at a time (`queries_per_group`: the merged table of a 10,000-query chunk at
+    k = 100 is never whole in memory); returns Q."""
+    qids = encoded[2]
+    step = queries_per_group(k)
+    with PartWriter(out_dir, chunk) as out:
+        for lo in range(0, len(qids), step):
+            sl = slice(lo, lo + step)
+            dist, ids = merge_topk([p[0][sl] for p in parts], [p[1][sl] for p in parts], k)
+            out.write(qids[sl], dist, ids, np.sum([p[2][sl] for p in parts], axis=0))
+    return out.queries
 
 
 def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any],

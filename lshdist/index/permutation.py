@@ -138,18 +138,36 @@ def permutation_prefixes(codes: np.ndarray, positions: np.ndarray) -> np.ndarray
 #: 100,000-row segment of the 1 M set, 10,000 queries at M=96 W=16 H=120: 59.9 us a query
 #: in blocks of 4,096, 53.7 us in one block of 16,384
 QUERY_BLOCK = 16384
-#: bytes of candidate rows a block may hold (`query_block`)
-BLOCK_BYTES = 256 << 20
+#: bytes of window positions (int64, M a query) a join block may hold (`query_block`)
+BLOCK_BYTES = 64 << 20
+#: lists whose permuted query prefixes are made and sorted at a time for the join (its
+#: scratch: 16 bytes a query and list)
+LIST_GROUP = 16
+#: queries whose candidates are collected and re-ranked at a time within a join block: the
+#: join needs the whole block, the candidates only their own queries — so a block's memory is
+#: its window positions and one sub-block's candidates, not every query's (a 10,000-query
+#: chunk at M=128 W=16 H=480 with k=100: 122 -> ~25 MiB at its peak, measured)
+SUB_BLOCK = 1024
+#: bytes of candidate rows (int64) a sub-block may hold (`sub_block`)
+SUB_BYTES = 8 << 20
 
 
 def query_block(n_lists: int, window: int, hamming_keep: int, n_rows: int) -> int:
-    """Queries per block of a search at (M, W, H) on ``n_rows`` rows: `QUERY_BLOCK`, fewer
-    where the block's candidate rows (int64; H per query, or every distinct window entry
-    when H = 0) would pass `BLOCK_BYTES` — at least 256."""
+    """Queries per join block of a search with ``n_lists`` lists: `QUERY_BLOCK`, fewer where
+    the block's window positions (int64, one per list) would pass `BLOCK_BYTES` — at least
+    256.  (``window``, ``hamming_keep``, ``n_rows``: see `sub_block`.)"""
+    del window, hamming_keep, n_rows
+    return int(max(256, min(QUERY_BLOCK, BLOCK_BYTES // (8 * max(n_lists, 1)))))
+
+
+def sub_block(n_lists: int, window: int, hamming_keep: int, n_rows: int) -> int:
+    """Queries whose candidates are collected and re-ranked at once at (M, W, H) on
+    ``n_rows`` rows: `SUB_BLOCK`, fewer where their candidate rows (int64; H per query, or
+    every distinct window entry when H = 0) would pass `SUB_BYTES` — at least 16."""
     width = min(2 * n_lists * window, max(n_rows, 1))
     if hamming_keep > 0:
         width = min(width, hamming_keep)
-    return int(max(256, min(QUERY_BLOCK, BLOCK_BYTES // (8 * max(width, 1)))))
+    return int(max(16, min(SUB_BLOCK, SUB_BYTES // (8 * max(width, 1)))))
 
 
 def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
@@ -331,15 +349,18 @@ class PermutationIndex:
         self._fitted()
         qcodes = check_codes(qcodes, self.bits_, name="query codes")
         M = self._lists(n_permutations)
-        qprefix = permutation_prefixes(qcodes, self.positions_[:M])
-        sp = self.sorted_prefix_[:M]
-        n = sp.shape[1]
-        if bulk and 8 * qcodes.shape[0] * max(1.0, np.log2(max(n, 2))) >= n:
-            qorder = np.stack([radix_argsort_u64(row) for row in qprefix]) if len(qprefix) else (
-                np.zeros((0, qprefix.shape[1]), np.int64))
-            pos: np.ndarray = window_positions_merge(sp, qprefix, qorder)
-        else:
-            pos = window_positions_bsearch(sp, qprefix)
+        Q, n = qcodes.shape[0], self.sorted_prefix_.shape[1]
+        merge = bulk and 8 * Q * max(1.0, np.log2(max(n, 2))) >= n
+        pos = np.empty((Q, M), dtype=np.int64)
+        for m0 in range(0, M, LIST_GROUP):  # the queries' prefixes a group of lists at a time
+            m1 = min(M, m0 + LIST_GROUP)
+            qprefix = permutation_prefixes(qcodes, self.positions_[m0:m1])
+            sp = self.sorted_prefix_[m0:m1]
+            if merge:
+                qorder = np.stack([radix_argsort_u64(row) for row in qprefix])
+                pos[:, m0:m1] = window_positions_merge(sp, qprefix, qorder)
+            else:
+                pos[:, m0:m1] = window_positions_bsearch(sp, qprefix)
         return pos, M
 
     def _window(self, window: int | None) -> int:
@@ -397,42 +418,48 @@ class PermutationIndex:
         order = (radix_argsort_u64(permuted_prefix(qcodes, self.positions_[0]))
                  if Q > 1 else np.arange(Q))
         parts = row_ranges(Q, n_threads)
-
         block = query_block(*op, len(self.codes_))
-
-        def run(part: tuple[int, int]) -> tuple[np.ndarray, ...]:
-            # in blocks: a block's candidate rows are up to (rows, 2 M W) entries, which for
-            # wide windows would not fit in memory for a whole bulk query at once
-            outs = []
-            for lo in range(part[0], part[1], block) or [part[0]]:  # [] for no queries
-                sel = order[lo:min(lo + block, part[1])]
-                outs.append(self._search_part(qcodes[sel], qpayload.take(sel), k, bulk, op))
-            return tuple(np.concatenate([o[j] for o in outs]) for j in range(4))
-
-        if len(parts) <= 1:
-            results = [run((0, Q))]
-        else:
-            with ThreadPoolExecutor(len(parts)) as pool:
-                results = list(pool.map(run, parts))
         dist = np.empty((Q, k), dtype=np.float32)
-        rows = np.empty((Q, k), dtype=np.int64)
+        ids = np.empty((Q, k), dtype=np.int64)
         distinct = np.empty(Q, dtype=np.int64)
         reranked = np.empty(Q, dtype=np.int64)
-        for (lo, hi), r in zip(parts or [(0, Q)], results):
-            sel = order[lo:hi]
-            dist[sel], rows[sel], distinct[sel], reranked[sel] = r
-        ids = np.where(rows >= 0, self.ids_[np.maximum(rows, 0)], -1)
+        out = (dist, ids, distinct, reranked)
+
+        def run(part: tuple[int, int]) -> None:
+            # in join blocks, each answered in sub-blocks (`_search_part`); every query's
+            # answer lands in its own rows of ``out`` (the threads' rows are disjoint)
+            for lo in range(part[0], part[1], block):
+                sel = order[lo:min(lo + block, part[1])]
+                self._search_part(qcodes[sel], qpayload, sel, k, bulk, op, out)
+
+        if len(parts) <= 1:
+            run((0, Q))
+        else:
+            with ThreadPoolExecutor(len(parts)) as pool:
+                list(pool.map(run, parts))
         return dist, ids, {"distinct": distinct, "reranked": reranked}
 
-    def _search_part(self, qc: np.ndarray, qp: RerankPayload, k: int, bulk: bool,
-                     op: tuple[int, int, int]
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _search_part(self, qc: np.ndarray, qpayload: RerankPayload, sel: np.ndarray, k: int,
+                     bulk: bool, op: tuple[int, int, int],
+                     out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """Answer the queries ``sel`` (codes ``qc``) into rows ``sel`` of ``out`` = (dist,
+        ids, distinct, reranked): one join for the block, then candidates collected and
+        re-ranked `sub_block` queries at a time (the same answers: each query's are its own)."""
         M, W, H = op
         pos, M = self.window_positions(qc, bulk=bulk, n_permutations=M)
-        offsets, rows, distinct = collect_windows(pos, self.sorted_rows_[:M], self._window(W),
-                                                  self.codes_, qc, int(H))
-        dist, top = self.payload_.rerank(offsets, rows, qp, k, self.ids_)
-        return dist, top, distinct, np.diff(offsets)
+        step = sub_block(M, W, H, len(self.codes_))
+        lists, window = self.sorted_rows_[:M], self._window(W)
+        dist, ids, distinct, reranked = out
+        for lo in range(0, len(sel), step):
+            hi = min(lo + step, len(sel))
+            offsets, rows, distinct[sel[lo:hi]] = collect_windows(
+                pos[lo:hi], lists, window, self.codes_, qc[lo:hi], int(H))
+            d, top = self.payload_.rerank(offsets, rows, qpayload.take(sel[lo:hi]), k,
+                                          self.ids_)
+            found = self.ids_[np.maximum(top, 0)]
+            found[top < 0] = -1
+            dist[sel[lo:hi]], ids[sel[lo:hi]] = d, found
+            reranked[sel[lo:hi]] = np.diff(offsets)
 
 
 def merge_topk(dists: Sequence[np.ndarray], ids: Sequence[np.ndarray], k: int

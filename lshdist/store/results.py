@@ -43,25 +43,63 @@ def part_name(chunk: int) -> str:
     return f"part-{chunk:05d}.parquet"
 
 
+#: result rows (queries x k) merged and written at a time, at most (a Parquet row group;
+#: `queries_per_group`): a chunk's whole table is never in memory at once
+GROUP_ROWS = 1 << 17
+
+
+def queries_per_group(k: int) -> int:
+    """Queries whose k results each go into one row group (`GROUP_ROWS` rows), at least 1."""
+    return max(1, GROUP_ROWS // max(int(k), 1))
+
+
+class PartWriter:
+    """One chunk's Parquet parts (``neighbors/`` and ``stats/``), written a block of queries
+    at a time (`write`), each block a row group; both files exist, with their schema, once
+    the writer is closed, even for no queries."""
+
+    def __init__(self, out_dir: str | os.PathLike[str], chunk: int) -> None:
+        root = Path(out_dir)
+        self._neighbors = pq.ParquetWriter(root / "neighbors" / part_name(chunk),
+                                           NEIGHBORS_SCHEMA)
+        self._stats = pq.ParquetWriter(root / "stats" / part_name(chunk), STATS_SCHEMA)
+        self.queries = 0
+
+    def write(self, query_ids: np.ndarray, dist: np.ndarray, ids: np.ndarray,
+              candidates: np.ndarray) -> None:
+        """Results of the next queries: ``dist``/``ids`` (Q, k) ascending, -1 ids for missing
+        neighbours; ``candidates`` (Q,)."""
+        Q, k = ids.shape
+        keep = (ids >= 0).ravel()
+        self._neighbors.write_table(pa.table({
+            "query_id": np.repeat(np.asarray(query_ids, np.int64), k)[keep],
+            "rank": np.tile(np.arange(k, dtype=np.int32), Q)[keep],
+            "neighbor_id": np.asarray(ids, np.int64).ravel()[keep],
+            "distance": np.asarray(dist, np.float32).ravel()[keep],
+        }, schema=NEIGHBORS_SCHEMA))
+        capped = np.minimum(candidates, np.iinfo(np.int32).max).astype(np.int32)
+        self._stats.write_table(pa.table({"query_id": np.asarray(query_ids, np.int64),
+                                          "candidates": capped}, schema=STATS_SCHEMA))
+        self.queries += int(Q)
+
+    def close(self) -> None:
+        self._neighbors.close()
+        self._stats.close()
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def write_part(out_dir: str | os.PathLike[str], chunk: int, query_ids: np.ndarray,
                dist: np.ndarray, ids: np.ndarray, candidates: np.ndarray) -> int:
     """Write one chunk's results: ``dist``/``ids`` (Q, k) ascending, -1 ids for missing
     neighbours; ``candidates`` (Q,).  Returns Q."""
-    Q, k = ids.shape
-    keep = (ids >= 0).ravel()
-    table = pa.table({
-        "query_id": np.repeat(np.asarray(query_ids, np.int64), k)[keep],
-        "rank": np.tile(np.arange(k, dtype=np.int32), Q)[keep],
-        "neighbor_id": np.asarray(ids, np.int64).ravel()[keep],
-        "distance": np.asarray(dist, np.float32).ravel()[keep],
-    }, schema=NEIGHBORS_SCHEMA)
-    root = Path(out_dir)
-    pq.write_table(table, root / "neighbors" / part_name(chunk))
-    capped = np.minimum(candidates, np.iinfo(np.int32).max).astype(np.int32)
-    stats = pa.table({"query_id": np.asarray(query_ids, np.int64), "candidates": capped},
-                     schema=STATS_SCHEMA)
-    pq.write_table(stats, root / "stats" / part_name(chunk))
-    return int(Q)
+    with PartWriter(out_dir, chunk) as out:
+        out.write(query_ids, dist, ids, candidates)
+    return out.queries
 
 
 @contextlib.contextmanager

@@ -157,7 +157,8 @@ def test_lsh_parameter_functions():
 
 def test_answers_do_not_depend_on_the_query_block(monkeypatch):
     # Bug caught: a block's answers written to the rows of another block (the queries are
-    # searched in the order of their first permuted key, block by block).
+    # searched in the order of their first permuted key, block by block).  Join blocks and
+    # the candidate sub-blocks inside them, each short at the end, give the same answers.
     import lshdist.index.permutation as perm
 
     rng = np.random.default_rng(3)
@@ -165,17 +166,32 @@ def test_answers_do_not_depend_on_the_query_block(monkeypatch):
     Q = rng.normal(size=(700, 10)).astype(np.float32)
     ix = MetricIndex(ExplicitMetric.identity(10), bits=128, n_permutations=8, window=4,
                      hamming_keep=12, seed=1).fit(X)
-    whole = ix.query(Q, 5, mode="hash")
+    whole = (*ix.query(Q, 5, mode="hash"), ix.stats_)
     monkeypatch.setattr(perm, "QUERY_BLOCK", 256)  # three blocks, the last one short
     assert perm.query_block(8, 4, 12, 800) == 256
-    blocked = ix.query(Q, 5, mode="hash")
-    assert np.array_equal(whole[1], blocked[1]) and np.array_equal(whole[0], blocked[0])
+    blocked = (*ix.query(Q, 5, mode="hash"), ix.stats_)
+    monkeypatch.setattr(perm, "SUB_BLOCK", 100)  # sub-blocks of 100, 100, 56 in a block
+    assert perm.sub_block(8, 4, 12, 800) == 100
+    sub = (*ix.query(Q, 5, mode="hash"), ix.stats_)
+    for got in (blocked, sub):
+        assert np.array_equal(whole[1], got[1]) and np.array_equal(whole[0], got[0])
+        assert all(np.array_equal(whole[2][s], got[2][s]) for s in ("distinct", "reranked"))
 
 
-def test_query_block_bounds_the_candidate_rows():
-    from lshdist.index.permutation import BLOCK_BYTES, QUERY_BLOCK, query_block
+def test_query_block_bounds_positions_and_sub_block_the_candidate_rows():
+    from lshdist.index.permutation import (
+        BLOCK_BYTES,
+        QUERY_BLOCK,
+        SUB_BLOCK,
+        SUB_BYTES,
+        query_block,
+        sub_block,
+    )
 
-    assert query_block(96, 16, 120, 100_000) == QUERY_BLOCK  # H rows a query: a full block
-    wide = query_block(128, 64, 0, 10**6)  # every window entry kept: 16,384 rows a query
-    assert wide * 16_384 * 8 <= BLOCK_BYTES and wide >= 256
-    assert query_block(128, 64, 0, 50) == QUERY_BLOCK  # at most N distinct rows a query
+    assert query_block(96, 16, 120, 100_000) == QUERY_BLOCK  # 96 positions a query: full
+    many = query_block(4096, 16, 120, 10**6)  # M = 4,096 lists: 32 KB of positions a query
+    assert many * 4096 * 8 <= BLOCK_BYTES and many >= 256
+    assert sub_block(96, 16, 120, 100_000) == SUB_BLOCK  # H rows a query: a full sub-block
+    wide = sub_block(128, 64, 0, 10**6)  # every window entry kept: 16,384 rows a query
+    assert wide * 16_384 * 8 <= SUB_BYTES and wide >= 16
+    assert sub_block(128, 64, 0, 50) == SUB_BLOCK  # at most N distinct rows a query

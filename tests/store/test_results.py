@@ -56,3 +56,34 @@ def test_failed_write_leaves_nothing_and_keeps_previous(tmp_path):
         raise RuntimeError("killed")
     assert read_results(tmp_path / "r")[1][:, 0].tolist() == [7, 8]
     assert [p.name for p in tmp_path.iterdir()] == ["r"]
+
+
+def test_a_chunk_merged_and_written_in_row_groups_equals_it_merged_whole(tmp_path, monkeypatch):
+    # merge_and_write merges two segments' partial top-k and writes a row group of queries at
+    # a time (bounded memory); the parts must hold what one whole merge gives, in order, with
+    # missing neighbours dropped and candidates summed
+    import pyarrow.parquet as pq
+
+    import lshdist.store.results as res
+    from lshdist.cluster.tasks import merge_and_write
+    from lshdist.index.permutation import merge_topk
+
+    rng = np.random.default_rng(0)
+    Q, k = 23, 4
+    parts = []
+    for s in range(2):
+        d = np.sort(rng.random((Q, k)).astype(np.float32), axis=1)
+        i = rng.permutation(1000)[: Q * k].reshape(Q, k) + 1000 * s
+        i[rng.random((Q, k)) < 0.2] = -1  # a missing neighbour: distance inf, id -1
+        d[i < 0] = np.inf
+        parts.append((d, i.astype(np.int64), rng.integers(0, 50, Q)))
+    qids = np.arange(500, 500 + Q, dtype=np.int64)
+    monkeypatch.setattr(res, "GROUP_ROWS", 20)  # 5 queries a row group: 5 groups, one short
+    assert res.queries_per_group(k) == 5
+    with write_results(tmp_path / "r", k=k) as tmp:
+        assert merge_and_write((None, None, qids), parts, k, str(tmp), 0) == Q
+    assert pq.ParquetFile(tmp_path / "r" / "neighbors" / "part-00000.parquet").num_row_groups == 5
+    dist, ids = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
+    got_q, got_nb, got_d, got_c = read_results(tmp_path / "r")
+    assert got_q.tolist() == qids.tolist() and np.array_equal(got_nb, ids)
+    assert np.array_equal(got_d, dist) and got_c.tolist() == (parts[0][2] + parts[1][2]).tolist()
