@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from lshdist.config import QueryConfig
 from lshdist.datasets import load_fashion_mnist
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import write_dataset
@@ -157,8 +158,8 @@ Date: {datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}.
 Command: `.venv/bin/python benchmarks/bench_query_memory.py`.  Index: the first {N_INDEX:,}
 Fashion-MNIST training images, identity (L2) metric, `{" ".join(["lshdist", *index_cmd[1:2]])}
 ... --workers 2` with its defaults.  Queries: `lshdist query --index IDX --queries Q --k {K}
---mode hash --out RES --workers 2`, every other option at its default (`--query-chunk`:
-1,000 since this measurement's first run, which had 5,000);
+--mode hash --out RES --workers 2`, every other option at its default (`--query-chunk`
+{QueryConfig.query_chunk:,}: the 16,000 queries, two shards, are two chunks; the 1,000 one);
 Q = {small:,} test images, or {big:,} (the 10,000 test images, then the first 6,000 again).
 RSS sampled with psutil every 0.1 s: the driver (the `lshdist query` process) and each of its
 child processes (the 2 workers; multiprocessing's resource tracker left out).  One warm-up round,

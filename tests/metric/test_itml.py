@@ -167,3 +167,26 @@ def test_fit_at_high_dimension_blocks_and_matches_one_at_a_time(monkeypatch):
     one = itml_mod.ITML(n_constraints=600, max_iter=3).fit(X, y)
     np.testing.assert_allclose(blocked.A_, one.A_, rtol=1e-9, atol=1e-12)
     assert np.abs(one.A_ - np.eye(80)).max() > 1e-2  # it learned something
+
+
+def test_transform_in_row_blocks_is_g_x_of_every_row(monkeypatch):
+    # the float64 product G x is made a block of rows at a time (bounded memory); every row
+    # must be its own G x, whatever block it falls in (blocks of 7: 5 blocks, the last short)
+    import lshdist.metric.learned as learned
+
+    rng = np.random.default_rng(5)
+    d = 12
+    L = rng.normal(size=(d, d))
+    m = ExplicitMetric(L @ L.T + np.eye(d))
+    X = rng.normal(size=(31, d)).astype(np.float32)
+    whole = m.transform(X)
+    monkeypatch.setattr(learned, "TRANSFORM_ROWS", 7)
+    blocked = m.transform(X)
+    ref = np.array([m.G @ x for x in X.astype(np.float64)])
+    assert blocked.dtype == np.float32 and blocked.shape == (31, d)
+    np.testing.assert_allclose(blocked, ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-6, atol=1e-6)
+    # and L2 on them is d_A
+    diff = (X[3] - X[17]).astype(np.float64)
+    assert np.sum((blocked[3].astype(np.float64) - blocked[17]) ** 2) == pytest.approx(
+        diff @ m.A @ diff, rel=1e-5)
