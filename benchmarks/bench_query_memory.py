@@ -36,10 +36,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from lshdist.cluster.pipeline import query_chunks
 from lshdist.config import QueryConfig
 from lshdist.datasets import load_fashion_mnist
 from lshdist.metric.learned import ExplicitMetric
-from lshdist.store.dataset import write_dataset
+from lshdist.store.dataset import DEFAULT_SHARD_ROWS, write_dataset
 from lshdist.store.model import save_model
 
 ROOT = Path(__file__).resolve().parent
@@ -134,6 +135,8 @@ def med(runs: list[dict], key: str) -> float:
 
 def write_report(runs: dict[int, list[dict]], index_cmd: list[str]) -> None:
     small, big = SIZES
+    n_chunks = {n: len(query_chunks([*range(0, n, DEFAULT_SHARD_ROWS), n], QueryConfig.query_chunk))
+                for n in SIZES}  # the query datasets are written with the default shards
     rows = []
     ratios = {}
     for key, what in (("worker_peak", "worker peak RSS (largest worker)"),
@@ -159,7 +162,8 @@ Command: `.venv/bin/python benchmarks/bench_query_memory.py`.  Index: the first 
 Fashion-MNIST training images, identity (L2) metric, `{" ".join(["lshdist", *index_cmd[1:2]])}
 ... --workers 2` with its defaults.  Queries: `lshdist query --index IDX --queries Q --k {K}
 --mode hash --out RES --workers 2`, every other option at its default (`--query-chunk`
-{QueryConfig.query_chunk:,}: the 16,000 queries, two shards, are two chunks; the 1,000 one);
+{QueryConfig.query_chunk:,}: the {big:,} queries are {n_chunks[big]} chunks, the {small:,}
+{n_chunks[small]});
 Q = {small:,} test images, or {big:,} (the 10,000 test images, then the first 6,000 again).
 RSS sampled with psutil every 0.1 s: the driver (the `lshdist query` process) and each of its
 child processes (the 2 workers; multiprocessing's resource tracker left out).  One warm-up round,

@@ -146,7 +146,8 @@ LIST_GROUP = 16
 #: queries whose candidates are collected and re-ranked at a time within a join block: the
 #: join needs the whole block, the candidates only their own queries — so a block's memory is
 #: its window positions and one sub-block's candidates, not every query's (a 10,000-query
-#: chunk at M=128 W=16 H=480 with k=100: 122 -> ~25 MiB at its peak, measured)
+#: chunk at M=128 W=16 H=480 with k=100: the search's traced peak 122 -> 51 MiB, 27 of them
+#: the result and the segment's uint8 copy; measured)
 SUB_BLOCK = 1024
 #: bytes of candidate rows (int64) a sub-block may hold (`sub_block`)
 SUB_BYTES = 8 << 20
@@ -163,11 +164,12 @@ def query_block(n_lists: int, window: int, hamming_keep: int, n_rows: int) -> in
 def sub_block(n_lists: int, window: int, hamming_keep: int, n_rows: int) -> int:
     """Queries whose candidates are collected and re-ranked at once at (M, W, H) on
     ``n_rows`` rows: `SUB_BLOCK`, fewer where their candidate rows (int64; H per query, or
-    every distinct window entry when H = 0) would pass `SUB_BYTES` — at least 16."""
+    every distinct window entry when H = 0) would pass `SUB_BYTES` — at least 1 (one query
+    wider than `SUB_BYTES` alone)."""
     width = min(2 * n_lists * window, max(n_rows, 1))
     if hamming_keep > 0:
         width = min(width, hamming_keep)
-    return int(max(16, min(SUB_BLOCK, SUB_BYTES // (8 * max(width, 1)))))
+    return int(max(1, min(SUB_BLOCK, SUB_BYTES // (8 * max(width, 1)))))
 
 
 def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
@@ -411,6 +413,7 @@ class PermutationIndex:
               self.hamming_keep if hamming_keep is None else int(hamming_keep))
         if op[2] < 0:
             raise InputError(f"hamming_keep={op[2]}: must be >= 0")
+        qcodes = check_codes(qcodes, self.bits_, name="query codes")  # also for no queries
         Q = qcodes.shape[0]
         # queries are answered in the order of their first permuted key: neighbouring queries
         # share candidates, whose rows are then still in cache (about 20 % of the re-rank on

@@ -88,8 +88,8 @@ class ExplicitMetric:
         if self.is_identity:
             return Xd
         # in float64, a block of rows at a time: the float64 copies of X and of G x are then
-        # a block's (2 x 16 MB), not the whole input's (a 10,000-query chunk at d = 784: 190
-        # -> ~90 MB at the peak; a 60,000-row build: ~1.1 GB -> ~0.2 GB)
+        # a block's (2 x 12.8 MB at d = 784), not the whole input's (a 10,000-query chunk at
+        # d = 784: 190 -> ~90 MB at the peak; a 60,000-row build: ~1.1 GB -> ~0.2 GB)
         out = np.empty((Xd.shape[0], self.G.shape[0]), dtype=np.float32)
         GT = self.G.T
         for lo in range(0, Xd.shape[0], TRANSFORM_ROWS):

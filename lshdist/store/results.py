@@ -60,9 +60,14 @@ class PartWriter:
 
     def __init__(self, out_dir: str | os.PathLike[str], chunk: int) -> None:
         root = Path(out_dir)
-        self._neighbors = pq.ParquetWriter(root / "neighbors" / part_name(chunk),
-                                           NEIGHBORS_SCHEMA)
-        self._stats = pq.ParquetWriter(root / "stats" / part_name(chunk), STATS_SCHEMA)
+        self._paths = (root / "neighbors" / part_name(chunk), root / "stats" / part_name(chunk))
+        self._neighbors = pq.ParquetWriter(self._paths[0], NEIGHBORS_SCHEMA)
+        try:
+            self._stats = pq.ParquetWriter(self._paths[1], STATS_SCHEMA)
+        except BaseException:
+            self._neighbors.close()
+            self._paths[0].unlink(missing_ok=True)
+            raise
         self.queries = 0
 
     def write(self, query_ids: np.ndarray, dist: np.ndarray, ids: np.ndarray,
@@ -83,14 +88,21 @@ class PartWriter:
         self.queries += int(Q)
 
     def close(self) -> None:
-        self._neighbors.close()
-        self._stats.close()
+        try:
+            self._neighbors.close()
+        finally:
+            self._stats.close()
 
     def __enter__(self) -> PartWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self.close()
+        finally:
+            if kind is not None:  # a failed chunk leaves no truncated part behind
+                for path in self._paths:
+                    path.unlink(missing_ok=True)
 
 
 def write_part(out_dir: str | os.PathLike[str], chunk: int, query_ids: np.ndarray,
@@ -107,10 +119,10 @@ def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = Fal
                   inputs: tuple[str | os.PathLike[str], ...] = (),
                   info: dict[str, Any] | None = None) -> Iterator[Path]:
     """Yield a temporary results directory (with ``neighbors/`` and ``stats/``) beside
-    ``path``; parts are written into it with `write_part`; on success the manifest is written
-    and the directory renamed to ``path``.  An existing ``path`` is replaced only with
-    ``overwrite``, and only if it is an lshdist results directory.  ``info`` (how the query
-    ran: mode, operating point) is recorded in the manifest."""
+    ``path``; parts are written into it with `write_part` or `PartWriter`; on success the
+    manifest is written and the directory renamed to ``path``.  An existing ``path`` is
+    replaced only with ``overwrite``, and only if it is an lshdist results directory.
+    ``info`` (how the query ran: mode, operating point) is recorded in the manifest."""
     with atomic_dir(path, overwrite=overwrite, kind=FORMAT, inputs=inputs) as tmp:
         (tmp / "neighbors").mkdir()
         (tmp / "stats").mkdir()

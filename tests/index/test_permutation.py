@@ -68,6 +68,26 @@ def test_window_positions_are_binary_search_positions():
             assert np.array_equal(got[got >= 0], expect)
 
 
+def test_window_positions_across_list_groups_are_search_positions(monkeypatch):
+    # the join makes the queries' prefixes LIST_GROUP lists at a time: every group's positions
+    # must land in its own columns (20 lists: groups of 16 + 4, and of 3 with a short last)
+    import lshdist.index.permutation as perm
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(6), bits=128, n_permutations=20, window=2).fit(X)
+    p = ix.index_
+    qc = ix.family_.hash(rng.normal(size=(300, 6)).astype(np.float32))
+    qp = perm.permutation_prefixes(qc, p.positions_)
+    expect = np.stack([np.searchsorted(p.sorted_prefix_[m], qp[m], side="left")
+                       for m in range(20)], axis=1)
+    for group in (16, 3):
+        monkeypatch.setattr(perm, "LIST_GROUP", group)
+        for bulk in (True, False):
+            pos, M = p.window_positions(qc, bulk=bulk)
+            assert M == 20 and np.array_equal(pos, expect)
+
+
 def test_scan_is_exact_and_hash_reranks_exactly():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(2000, 10)).astype(np.float32)

@@ -87,3 +87,16 @@ def test_a_chunk_merged_and_written_in_row_groups_equals_it_merged_whole(tmp_pat
     got_q, got_nb, got_d, got_c = read_results(tmp_path / "r")
     assert got_q.tolist() == qids.tolist() and np.array_equal(got_nb, ids)
     assert np.array_equal(got_d, dist) and got_c.tolist() == (parts[0][2] + parts[1][2]).tolist()
+
+
+def test_a_failed_chunk_leaves_no_part_file(tmp_path):
+    # an exception inside PartWriter (a chunk's merge failing half-way) removes its files
+    from lshdist.store.results import PartWriter
+
+    (tmp_path / "neighbors").mkdir()
+    (tmp_path / "stats").mkdir()
+    qids = np.arange(3, dtype=np.int64)
+    with pytest.raises(RuntimeError, match="half-way"), PartWriter(tmp_path, 7) as out:
+        out.write(qids, np.zeros((3, 2), np.float32), np.ones((3, 2), np.int64), np.ones(3))
+        raise RuntimeError("half-way")
+    assert not list(tmp_path.rglob("*.parquet"))
