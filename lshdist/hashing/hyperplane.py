@@ -153,6 +153,12 @@ class HyperplaneFamily(HashFamily):
         """Query side, float64 (Q, bits)."""
         return self._project_queries(self.queries(W, offsets))
 
+    def hash_points(self, B: Block) -> np.ndarray:
+        """Packed point keys of rows `points` already prepared (checked, the constant
+        appended): ``hash(X)`` for ``B = points(X)``, without checking and copying X again."""
+        keys: np.ndarray = pack_signs(np.ascontiguousarray(self._project_points(B)))
+        return keys
+
     def hash_queries(self, W: RowsLike, offsets: np.ndarray | None = None) -> np.ndarray:
         """Packed query keys, uint64 (Q, ceil(bits / 64))."""
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project_queries(W, offsets)))

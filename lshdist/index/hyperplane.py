@@ -274,7 +274,7 @@ def encode_points(family: HyperplaneFamily, X: RowsLike, center: np.ndarray | No
     the payload keeps ``(x, 1)``."""
     B = family.points(X)
     if center is None and bias_scale == 1.0:
-        keys: np.ndarray = family.hash(X)
+        keys: np.ndarray = family.hash_points(B)  # B: X checked, the constant appended once
     elif center is None and isinstance(X, SparseBlock):
         keys = family.hash(SparseBlock(X.matrix * (1.0 / bias_scale), X.features))
     else:

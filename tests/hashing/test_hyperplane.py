@@ -223,3 +223,17 @@ def test_hhash_feature_cache_gives_the_same_keys():
     np.testing.assert_array_equal(cached.hash(S), plain.hash(S))
     b = np.arange(40, dtype=np.float64) - 20
     np.testing.assert_array_equal(cached.hash_queries(S, b), plain.hash_queries(S, b))
+
+
+def test_hash_points_of_prepared_rows_is_hash():
+    # encode_points hashes the rows `points` prepared once (checked, the bias appended):
+    # the keys must be hash(X)'s, dense and sparse, with and without the bias
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 7)).astype(np.float32)
+    X[rng.random(X.shape) < 0.4] = 0
+    for rows in (X, SparseBlock.from_csr(sp.csr_matrix(X))):
+        for fam in (HHash(d=7, bits=128, seed=2, bias=True), EHHash(d=7, bits=64, seed=2),
+                    HHash(d=7, bits=64, seed=3)):
+            assert np.array_equal(fam.hash_points(fam.points(rows)), fam.hash(rows))
