@@ -162,8 +162,8 @@ Command: `.venv/bin/python benchmarks/bench_query_memory.py`.  Index: the first 
 Fashion-MNIST training images, identity (L2) metric, `{" ".join(["lshdist", *index_cmd[1:2]])}
 ... --workers 2` with its defaults.  Queries: `lshdist query --index IDX --queries Q --k {K}
 --mode hash --out RES --workers 2`, every other option at its default (`--query-chunk`
-{QueryConfig.query_chunk:,}: the {big:,} queries are {n_chunks[big]} chunks, the {small:,}
-{n_chunks[small]});
+{QueryConfig.query_chunk:,}: {n_chunks[big]} chunks of the {big:,} queries, {n_chunks[small]} of
+the {small:,});
 Q = {small:,} test images, or {big:,} (the 10,000 test images, then the first 6,000 again).
 RSS sampled with psutil every 0.1 s: the driver (the `lshdist query` process) and each of its
 child processes (the 2 workers; multiprocessing's resource tracker left out).  One warm-up round,

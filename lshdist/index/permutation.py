@@ -153,11 +153,10 @@ SUB_BLOCK = 1024
 SUB_BYTES = 8 << 20
 
 
-def query_block(n_lists: int, window: int, hamming_keep: int, n_rows: int) -> int:
+def query_block(n_lists: int) -> int:
     """Queries per join block of a search with ``n_lists`` lists: `QUERY_BLOCK`, fewer where
     the block's window positions (int64, one per list) would pass `BLOCK_BYTES` — at least
-    256.  (``window``, ``hamming_keep``, ``n_rows``: see `sub_block`.)"""
-    del window, hamming_keep, n_rows
+    256.  (The block's candidates are bounded by `sub_block`.)"""
     return int(max(256, min(QUERY_BLOCK, BLOCK_BYTES // (8 * max(n_lists, 1)))))
 
 
@@ -421,7 +420,7 @@ class PermutationIndex:
         order = (radix_argsort_u64(permuted_prefix(qcodes, self.positions_[0]))
                  if Q > 1 else np.arange(Q))
         parts = row_ranges(Q, n_threads)
-        block = query_block(*op, len(self.codes_))
+        block = query_block(op[0])
         dist = np.empty((Q, k), dtype=np.float32)
         ids = np.empty((Q, k), dtype=np.int64)
         distinct = np.empty(Q, dtype=np.int64)

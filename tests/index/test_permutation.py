@@ -188,7 +188,7 @@ def test_answers_do_not_depend_on_the_query_block(monkeypatch):
                      hamming_keep=12, seed=1).fit(X)
     whole = (*ix.query(Q, 5, mode="hash"), ix.stats_)
     monkeypatch.setattr(perm, "QUERY_BLOCK", 256)  # three blocks, the last one short
-    assert perm.query_block(8, 4, 12, 800) == 256
+    assert perm.query_block(8) == 256
     blocked = (*ix.query(Q, 5, mode="hash"), ix.stats_)
     monkeypatch.setattr(perm, "SUB_BLOCK", 100)  # sub-blocks of 100, 100, 56 in a block
     assert perm.sub_block(8, 4, 12, 800) == 100
@@ -208,8 +208,8 @@ def test_query_block_bounds_positions_and_sub_block_the_candidate_rows():
         sub_block,
     )
 
-    assert query_block(96, 16, 120, 100_000) == QUERY_BLOCK  # 96 positions a query: full
-    many = query_block(4096, 16, 120, 10**6)  # M = 4,096 lists: 32 KB of positions a query
+    assert query_block(96) == QUERY_BLOCK  # 96 positions a query: a full block
+    many = query_block(4096)  # M = 4,096 lists: 32 KB of positions a query
     assert many * 4096 * 8 <= BLOCK_BYTES and many >= 256
     assert sub_block(96, 16, 120, 100_000) == SUB_BLOCK  # H rows a query: a full sub-block
     wide = sub_block(128, 64, 0, 10**6)  # every window entry kept: 16,384 rows a query
