@@ -637,8 +637,12 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
                          f"{len(manifest['segments'])}: pass the ones its build held")
     family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
                                 seed=manifest["seed"], learned=manifest["learned"])
-    segs = (load_segments(client, str(plan.index), manifest) if segments is None
-            else list(segments))
+    if segments is None:
+        homes = placement(client, manifest)
+        segs = load_segments(client, str(plan.index), manifest, homes)
+    else:
+        segs = list(segments)
+        homes = holders(client, segs)
     if plan.recalibrate:
         plan = _calibrated_on_queries(client, plan, segs, family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
@@ -651,7 +655,8 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
                            inputs=(plan.index, qds.path, manifest["model"]),
                            info={"mode": plan.mode, "operating_point": op,
                                  "reason": plan.reason}) as tmp:
-            n = _query_chunks(client, chunks, plan, family_f, segs, str(tmp), window, stall)
+            n = _query_chunks(client, chunks, plan, family_f, segs, homes, str(tmp), window,
+                              stall)
     finally:
         client.cancel([family_f] if segments is not None else [*segs, family_f])
     return {"queries": n, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
@@ -674,15 +679,27 @@ def spread(sizes: Sequence[int], workers: Sequence[str]) -> list[str | None]:
     return out
 
 
-def load_segments(client: Any, index: str, manifest: dict[str, Any]) -> list[Any]:
-    """Futures of an index's segments, loaded spread over the workers (`spread`; a worker
-    that leaves is replaced by any other: the placement is a preference)."""
-    entries = manifest["segments"]
-    workers = sorted(client.scheduler_info().get("workers", {}))
-    where = spread([int(e["rows"]) for e in entries], workers)
+def placement(client: Any, manifest: dict[str, Any]) -> list[str | None]:
+    """The worker each of an index's segments is loaded on (`spread` by rows)."""
+    return spread([int(e["rows"]) for e in manifest["segments"]],
+                  sorted(client.scheduler_info().get("workers", {})))
+
+
+def holders(client: Any, futures: Sequence[Any]) -> list[str | None]:
+    """The worker holding each finished future (None where none does yet)."""
+    who = client.who_has(list(futures))
+    return [min(who.get(f.key) or [None], key=str) for f in futures]
+
+
+def load_segments(client: Any, index: str, manifest: dict[str, Any],
+                  where: Sequence[str | None] | None = None) -> list[Any]:
+    """Futures of an index's segments, loaded spread over the workers (``where``, default
+    `placement`; a worker that leaves is replaced by any other: the placement is a
+    preference)."""
+    where = placement(client, manifest) if where is None else where
     return [client.submit(tasks.load_segment, index, e, manifest, pure=False, retries=2,
                           workers=None if w is None else [w], allow_other_workers=True)
-            for e, w in zip(entries, where)]
+            for e, w in zip(manifest["segments"], where)]
 
 
 def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], family_f: Any,
@@ -723,20 +740,29 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
 
 
 def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,
-                  segs: list[Any], tmp: str, window: int, stall: float) -> int:
+                  segs: list[Any], homes: Sequence[str | None], tmp: str, window: int,
+                  stall: float) -> int:
+    """Answer the chunks; each chunk is encoded once on every worker that holds segments
+    (``homes``, where each segment is), so that no search waits for another worker's encoded
+    queries: sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both workers'
+    searches idle while the other's event loop copied it (measured, README issue 16)."""
     cfg, qds = plan.cfg, plan.queries
     held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
     total, t0, done_chunks = 0, time.perf_counter(), 0
+    where = list(dict.fromkeys(homes))  # distinct, in the segments' order
 
     def submit(c: int) -> None:
         a, b = chunks[c]
-        enc = client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
-                            pure=False, retries=2)
-        parts = [client.submit(tasks.search_segment, s, enc, cfg.k, plan.mode, plan.op,
-                               pure=False, retries=2) for s in segs]
-        w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
-                          retries=2)
-        held[w] = [enc, *parts]
+        encs = {w: client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
+                                 pure=False, retries=2, workers=None if w is None else [w],
+                                 allow_other_workers=True) for w in where}
+        parts = [client.submit(tasks.search_segment, s, encs[h], cfg.k, plan.mode, plan.op,
+                               pure=False, retries=2) for s, h in zip(segs, homes)]
+        at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
+        w = client.submit(tasks.merge_and_write, encs[at], parts, cfg.k, tmp, c, pure=False,
+                          retries=2, workers=None if at is None else [at],
+                          allow_other_workers=True)
+        held[w] = [*encs.values(), *parts]
 
     def done(w: Any) -> None:
         nonlocal total, done_chunks

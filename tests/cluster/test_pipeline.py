@@ -90,10 +90,20 @@ def test_in_process_matches_one_process_search(letter_job, reference, letter):
     assert acc >= ACC_MIN and recall >= RECALL_MIN
 
 
+def _received(dask_worker):
+    """Names of the keys a worker fetched from another worker."""
+    return [str(k) for e in dask_worker.transfer_incoming_log for k in e["keys"]]
+
+
 def test_two_workers_and_shard_sizes_give_identical_results(letter_job, reference, tmp_path):
     with dask_client(workers=2) as client:
         got_a = run_job(client, letter_job, tmp_path / "a", data="train-a")
         got_b = run_job(client, letter_job, tmp_path / "b", data="train-b")
+        received = [k for keys in client.run(_received).values() for k in keys]
+    # each worker encodes the query chunks its segments search: no chunk's encoded queries
+    # travel between workers (the partial answers do, to the merge)
+    assert any(k.startswith("search_segment") for k in received), received
+    assert not [k for k in received if k.startswith("encode_queries")]
     for got in (got_a, got_b):
         for col in reference:
             assert np.array_equal(got[col], reference[col]), col
