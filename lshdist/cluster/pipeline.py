@@ -742,27 +742,17 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
 def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,
                   segs: list[Any], homes: Sequence[str | None], tmp: str, window: int,
                   stall: float) -> int:
-    """Answer the chunks; each chunk is encoded once on every worker that holds segments
-    (``homes``, where each segment is), so that no search waits for another worker's encoded
-    queries: sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both workers'
-    searches idle while the other's event loop copied it (measured, README issue 16)."""
+    """Answer the chunks (`chunk_tasks`: each encoded on every worker holding segments)."""
     cfg, qds = plan.cfg, plan.queries
     held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
     total, t0, done_chunks = 0, time.perf_counter(), 0
-    where = list(dict.fromkeys(homes))  # distinct, in the segments' order
 
     def submit(c: int) -> None:
         a, b = chunks[c]
-        encs = {w: client.submit(tasks.encode_queries, str(qds.path), a, b, family_f,
-                                 pure=False, retries=2, workers=None if w is None else [w],
-                                 allow_other_workers=True) for w in where}
-        parts = [client.submit(tasks.search_segment, s, encs[h], cfg.k, plan.mode, plan.op,
-                               pure=False, retries=2) for s, h in zip(segs, homes)]
-        at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
-        w = client.submit(tasks.merge_and_write, encs[at], parts, cfg.k, tmp, c, pure=False,
-                          retries=2, workers=None if at is None else [at],
-                          allow_other_workers=True)
-        held[w] = [*encs.values(), *parts]
+        held.update(chunk_tasks(client, c, homes, segs, (tasks.encode_queries, str(qds.path), a,
+                                                          b, family_f),
+                                (tasks.search_segment, cfg.k, plan.mode, plan.op),
+                                (tasks.merge_and_write, cfg.k, tmp, c)))
 
     def done(w: Any) -> None:
         nonlocal total, done_chunks
@@ -778,6 +768,32 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, f
             client.cancel([w, *rest])
         raise
     return total
+
+
+def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence[Any],
+                encode: tuple[Any, ...], search: tuple[Any, ...], merge: tuple[Any, ...]
+                ) -> dict[Any, list[Any]]:
+    """Submit query chunk ``c``: ``encode`` = (function, *args) once on every worker holding
+    segments (``homes``: where each of ``segs`` is), ``search`` = (function, *args after the
+    segment and the encoding) per segment beside its worker's encoding, ``merge`` = (function,
+    *args after the encoding and the partials) on the workers in turn.  Returns {merge future:
+    [the chunk's other futures]} for `windowed`.  No search waits for another worker's
+    encoded queries: sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both
+    workers' event loops copying while their searches waited (README "A million rows",
+    session 19: the 1 M query stage 89 -> 76 s on 2 workers)."""
+    where = list(dict.fromkeys(homes))  # distinct, in the segments' order
+    fn, *args = encode
+    encs = {w: client.submit(fn, *args, pure=False, retries=2,
+                             workers=None if w is None else [w], allow_other_workers=True)
+            for w in where}
+    fn, *args = search
+    parts = [client.submit(fn, s, encs[h], *args, pure=False, retries=2)
+             for s, h in zip(segs, homes)]
+    at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
+    fn, *args = merge
+    w = client.submit(fn, encs[at], parts, *args, pure=False, retries=2,
+                      workers=None if at is None else [at], allow_other_workers=True)
+    return {w: [*encs.values(), *parts]}
 
 
 def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[int], None],

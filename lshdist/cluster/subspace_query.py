@@ -30,6 +30,7 @@ from lshdist.cluster import tasks
 from lshdist.cluster.pipeline import (
     _progress,
     check_query_inputs,
+    chunk_tasks,
     query_chunks,
     spread,
     windowed,
@@ -216,13 +217,11 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
 
     def submit(c: int, tmp: str) -> None:
         a, b = chunks[c]
-        enc = client.submit(route_chunk, str(qds.path), a, b, metric_f, router_f, sizes, cfg.k,
-                            plan.n_probe, pure=False, retries=2)
-        parts = [client.submit(search_group_task, s, enc, cfg.k, plan.n_candidates,
-                               plan.mode, pure=False, retries=2) for s in segs]
-        w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, tmp, c, pure=False,
-                          retries=2)
-        held[w] = [enc, *parts]
+        held.update(chunk_tasks(client, c, where, segs,
+                                (route_chunk, str(qds.path), a, b, metric_f, router_f, sizes,
+                                 cfg.k, plan.n_probe),
+                                (search_group_task, cfg.k, plan.n_candidates, plan.mode),
+                                (tasks.merge_and_write, cfg.k, tmp, c)))
 
     total = 0
     try:

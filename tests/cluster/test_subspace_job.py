@@ -88,6 +88,11 @@ def test_distributed_equals_one_process(job, tmp_path, model):
     D1, I1 = one.query(Xq, 10)
     with dask_client(workers=2, processes=False) as client:
         manifest, qids, nb, dist, cand = _build_and_query(client, root, model, tmp_path)
+        received = [str(k) for keys in client.run(
+            lambda dask_worker: [k for e in dask_worker.transfer_incoming_log
+                                 for k in e["keys"]]).values() for k in keys]
+    # every worker routes the chunks its groups search: no routed chunk travels
+    assert not [k for k in received if k.startswith("route_chunk")]
     rec = manifest["subspace"]
     assert manifest["method"] == "subspace" and rec["group_sizes"] == one.group_sizes_
     assert len(one.groups_) >= 3  # a real partition, not one group

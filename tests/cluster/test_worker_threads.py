@@ -92,3 +92,44 @@ def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
         got = list(client.run(_malloc_environ).values())
     assert got == [WORKER_MALLOC]
     assert not any(v in os.environ for v in WORKER_MALLOC)
+
+
+def test_housekeeping_replaces_only_dasks_defaults():
+    import dask
+
+    from lshdist.cluster.client import (
+        DASK_HOUSEKEEPING,
+        WORKER_HOUSEKEEPING,
+        housekeeping_config,
+    )
+
+    # distributed.yaml's defaults are what this module says they are
+    assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == DASK_HOUSEKEEPING
+    assert housekeeping_config() == WORKER_HOUSEKEEPING
+    with dask.config.set({"distributed.admin.system-monitor.interval": "1s"}):
+        assert "distributed.admin.system-monitor.interval" not in housekeeping_config()
+    with dask.config.set({"distributed.worker.profile.interval": "50ms"}):  # a user's profiler
+        assert "distributed.worker.profile.enabled" not in housekeeping_config()
+    with dask.config.set({"distributed.admin.tick.interval": "20ms"}):  # Dask's own: replaced
+        assert housekeeping_config()["distributed.admin.tick.interval"] == "100ms"
+
+
+def _housekeeping() -> dict[str, object]:
+    import dask
+
+    from lshdist.cluster.client import WORKER_HOUSEKEEPING
+
+    return {k: dask.config.get(k) for k in WORKER_HOUSEKEEPING}
+
+
+@pytest.mark.cluster
+def test_workers_run_with_the_quieter_housekeeping():
+    import dask
+
+    from lshdist.cluster.client import DASK_HOUSEKEEPING, WORKER_HOUSEKEEPING
+
+    with dask_client(workers=1) as client:
+        got = list(client.run(_housekeeping).values())
+    assert got == [WORKER_HOUSEKEEPING]
+    # the driver's config is as it was
+    assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == DASK_HOUSEKEEPING

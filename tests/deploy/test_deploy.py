@@ -243,3 +243,8 @@ def test_image_dask_config_sets_the_worker_malloc():
     with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in pre.items()}):
         got = worker_pre_spawn_env()
     assert {k: got[k] for k in WORKER_MALLOC} == WORKER_MALLOC and got["OMP_NUM_THREADS"] == "1"
+    # and the quieter housekeeping of lshdist's LocalCluster workers
+    from lshdist.cluster.client import WORKER_HOUSEKEEPING
+
+    flat = {k: dask.config.get(k, config=cfg) for k in WORKER_HOUSEKEEPING}
+    assert flat == WORKER_HOUSEKEEPING
