@@ -749,8 +749,8 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, f
 
     def submit(c: int) -> None:
         a, b = chunks[c]
-        held.update(chunk_tasks(client, c, homes, segs, (tasks.encode_queries, str(qds.path), a,
-                                                          b, family_f),
+        held.update(chunk_tasks(client, c, homes, segs, cfg.k,
+                                (tasks.encode_queries, str(qds.path), a, b, family_f),
                                 (tasks.search_segment, cfg.k, plan.mode, plan.op),
                                 (tasks.merge_and_write, cfg.k, tmp, c)))
 
@@ -771,16 +771,18 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, f
 
 
 def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence[Any],
-                encode: tuple[Any, ...], search: tuple[Any, ...], merge: tuple[Any, ...]
-                ) -> dict[Any, list[Any]]:
+                k: int, encode: tuple[Any, ...], search: tuple[Any, ...],
+                merge: tuple[Any, ...]) -> dict[Any, list[Any]]:
     """Submit query chunk ``c``: ``encode`` = (function, *args) once on every worker holding
     segments (``homes``: where each of ``segs`` is), ``search`` = (function, *args after the
-    segment and the encoding) per segment beside its worker's encoding, ``merge`` = (function,
-    *args after the encoding and the partials) on the workers in turn.  Returns {merge future:
-    [the chunk's other futures]} for `windowed`.  No search waits for another worker's
-    encoded queries: sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both
-    workers' event loops copying while their searches waited (README "A million rows",
-    session 19: the 1 M query stage 89 -> 76 s on 2 workers)."""
+    segment and the encoding) per segment beside its worker's encoding, each worker's partial
+    answers merged there into one (`tasks.merge_partials`, top ``k``), and ``merge`` =
+    (function, *args after the encoding and the partials) on the workers in turn.  Returns
+    {merge future: [the chunk's other futures]} for `windowed`.  No search waits for another
+    worker's encoded queries, and one partial per worker travels: sent between two workers,
+    the 31 MB of a 10,000 x 784 chunk kept both workers' event loops copying while their
+    searches waited (README "A million rows", session 19: the 1 M query stage 89 -> 76 s on
+    2 workers)."""
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
     fn, *args = encode
     encs = {w: client.submit(fn, *args, pure=False, retries=2,
@@ -789,11 +791,16 @@ def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence
     fn, *args = search
     parts = [client.submit(fn, s, encs[h], *args, pure=False, retries=2)
              for s, h in zip(segs, homes)]
+    mine = {w: [p for p, h in zip(parts, homes) if h == w] for w in where}
+    local = [ps[0] if len(ps) == 1 else
+             client.submit(tasks.merge_partials, ps, k, pure=False, retries=2,
+                           workers=None if w is None else [w], allow_other_workers=True)
+             for w, ps in mine.items()]
     at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
     fn, *args = merge
-    w = client.submit(fn, encs[at], parts, *args, pure=False, retries=2,
+    w = client.submit(fn, encs[at], local, *args, pure=False, retries=2,
                       workers=None if at is None else [at], allow_other_workers=True)
-    return {w: [*encs.values(), *parts]}
+    return {w: [*encs.values(), *parts, *local]}
 
 
 def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[int], None],

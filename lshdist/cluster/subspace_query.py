@@ -217,7 +217,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
 
     def submit(c: int, tmp: str) -> None:
         a, b = chunks[c]
-        held.update(chunk_tasks(client, c, where, segs,
+        held.update(chunk_tasks(client, c, where, segs, cfg.k,
                                 (route_chunk, str(qds.path), a, b, metric_f, router_f, sizes,
                                  cfg.k, plan.n_probe),
                                 (search_group_task, cfg.k, plan.n_candidates, plan.mode),

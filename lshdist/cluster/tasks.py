@@ -222,6 +222,14 @@ def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, 
     return dist, ids, stats["reranked"]
 
 
+def merge_partials(parts: Sequence[Partial], k: int) -> Partial:
+    """One partial answer from several segments' (a worker's, before its answers travel to
+    the chunk's merge): the top-k by (distance, id), candidates summed — what
+    `merge_and_write` makes of them, whichever way they are grouped (`merge_topk`)."""
+    dist, ids = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
+    return dist, ids, np.sum([p[2] for p in parts], axis=0)
+
+
 def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir: str,
                     chunk: int) -> int:
     """Merge the partial lists of one query chunk and write its Parquet parts, a row group

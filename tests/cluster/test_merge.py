@@ -63,3 +63,27 @@ def test_query_chunks_split_shards_never_straddle_them():
         assert [a for a, _ in got] == [0, *[b for _, b in got[:-1]]] and got[-1][1] == 24_001
         assert all(0 < b - a <= chunk for a, b in got)
         assert not any(a < edge < b for a, b in got for edge in bounds)
+
+
+def test_partials_merged_per_worker_then_together_equal_one_merge():
+    """`merge_partials` (a worker's segments) then the chunk's merge give what merging every
+    segment's partial at once gives, ties by id and missing entries included."""
+    import numpy as np
+
+    from lshdist.cluster.tasks import merge_partials
+    from lshdist.index.permutation import merge_topk
+
+    rng = np.random.default_rng(3)
+    Q, k = 50, 7
+    parts = []
+    for s in range(5):
+        d = np.sort(rng.integers(0, 6, (Q, k)).astype(np.float32), axis=1)  # many ties
+        ids = rng.permutation(1000)[:Q * k].reshape(Q, k) + 1000 * s
+        ids[d > 4] = -1
+        d[ids < 0] = np.inf
+        parts.append((d, ids, rng.integers(0, 100, Q)))
+    whole = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
+    a, b = merge_partials(parts[:3], k), merge_partials(parts[3:], k)
+    two = merge_topk([a[0], b[0]], [a[1], b[1]], k)
+    assert np.array_equal(whole[0], two[0]) and np.array_equal(whole[1], two[1])
+    assert np.array_equal(a[2] + b[2], np.sum([p[2] for p in parts], axis=0))

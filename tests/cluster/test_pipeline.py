@@ -101,9 +101,9 @@ def test_two_workers_and_shard_sizes_give_identical_results(letter_job, referenc
         got_b = run_job(client, letter_job, tmp_path / "b", data="train-b")
         received = [k for keys in client.run(_received).values() for k in keys]
     # each worker encodes the query chunks its segments search: no chunk's encoded queries
-    # travel between workers (the partial answers do, to the merge)
-    assert any(k.startswith("search_segment") for k in received), received
-    assert not [k for k in received if k.startswith("encode_queries")]
+    # travel between workers, and each worker's partial answers are merged before they do
+    assert any(k.startswith("merge_partials") for k in received), received
+    assert not [k for k in received if k.startswith(("encode_queries", "search_segment"))]
     for got in (got_a, got_b):
         for col in reference:
             assert np.array_equal(got[col], reference[col]), col
