@@ -190,9 +190,9 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
         # Nanny options: worker processes only (threads talk in-process, no sockets)
         extra = {"env": WORKER_ENV, "host": listen} if processes else {}
         pre = worker_pre_spawn_env() if processes else {}
-        # the Nanny writes its pre-spawn environment into this process's: restored after
-        # the housekeeping config reaches the workers through their Nanny (and applies to
-        # the in-process scheduler too)
+        # the Nanny writes its pre-spawn environment into this process's: restored after.
+        # The housekeeping config reaches the workers through their Nanny (and applies to
+        # the in-process scheduler too).
         with _spawn_env({**WORKER_ENV, **pre} if processes else {}), dask.config.set(
                 {"distributed.nanny.pre-spawn-environ": pre, **housekeeping_config()}
                 if processes else housekeeping_config()):

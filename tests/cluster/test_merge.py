@@ -83,7 +83,11 @@ def test_partials_merged_per_worker_then_together_equal_one_merge():
         d[ids < 0] = np.inf
         parts.append((d, ids, rng.integers(0, 100, Q)))
     whole = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
-    a, b = merge_partials(parts[:3], k), merge_partials(parts[3:], k)
-    two = merge_topk([a[0], b[0]], [a[1], b[1]], k)
-    assert np.array_equal(whole[0], two[0]) and np.array_equal(whole[1], two[1])
-    assert np.array_equal(a[2] + b[2], np.sum([p[2] for p in parts], axis=0))
+    for trial in range(20):  # random groupings of the segments over 1-4 workers
+        owner = rng.integers(0, rng.integers(1, 5), len(parts))
+        groups = [merge_partials([p for p, o in zip(parts, owner) if o == g], k)
+                  for g in np.unique(owner)]
+        got = merge_topk([g[0] for g in groups], [g[1] for g in groups], k)
+        assert np.array_equal(whole[0], got[0]) and np.array_equal(whole[1], got[1]), trial
+        assert np.array_equal(np.sum([g[2] for g in groups], axis=0),
+                              np.sum([p[2] for p in parts], axis=0))

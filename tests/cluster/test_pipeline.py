@@ -96,7 +96,12 @@ def _received(dask_worker):
 
 
 def test_two_workers_and_shard_sizes_give_identical_results(letter_job, reference, tmp_path):
-    with dask_client(workers=2) as client:
+    import dask
+
+    # placements are preferences that Dask's work stealing may override: off here, so that
+    # where the tasks ran is what lshdist asked for
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            dask_client(workers=2) as client:
         got_a = run_job(client, letter_job, tmp_path / "a", data="train-a")
         got_b = run_job(client, letter_job, tmp_path / "b", data="train-b")
         received = [k for keys in client.run(_received).values() for k in keys]
@@ -178,6 +183,10 @@ def test_segments_held_from_the_build_answer_like_the_stored_index(letter_job, r
                                      model=str(letter_job / "model"), out=str(tmp_path / "idx"),
                                      cfg=INDEX), hold=held)
         assert len(held) == 4 and all(f.status == "finished" for f in held)
+        from lshdist.cluster.pipeline import holders
+
+        homes = holders(client, held)  # where the query will encode its chunks
+        assert sorted(set(homes)) == sorted(client.scheduler_info()["workers"])
         for mode in ("hash", "scan"):
             out = tmp_path / f"res-{mode}"
             plan = plan_query(index=str(tmp_path / "idx"), queries=str(letter_job / "queries"),

@@ -86,7 +86,10 @@ def test_distributed_equals_one_process(job, tmp_path, model):
     one = SubspaceIndex(rank=4, bits=16, eta=0.1, max_rounds=8, krylov_iters=3, n_probe=2,
                         n_candidates=60, metric=m, seed=5).fit(X, ids)
     D1, I1 = one.query(Xq, 10)
-    with dask_client(workers=2, processes=False) as client:
+    import dask
+
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            dask_client(workers=2, processes=False) as client:
         manifest, qids, nb, dist, cand = _build_and_query(client, root, model, tmp_path)
         received = [str(k) for keys in client.run(
             lambda dask_worker: [k for e in dask_worker.transfer_incoming_log

@@ -95,7 +95,11 @@ def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
 
 
 def test_housekeeping_replaces_only_dasks_defaults():
+    import os
+
     import dask
+    import distributed
+    import yaml
 
     from lshdist.cluster.client import (
         DASK_HOUSEKEEPING,
@@ -103,9 +107,14 @@ def test_housekeeping_replaces_only_dasks_defaults():
         housekeeping_config,
     )
 
-    # distributed.yaml's defaults are what this module says they are
-    assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == DASK_HOUSEKEEPING
-    assert housekeeping_config() == WORKER_HOUSEKEEPING
+    # distributed.yaml's defaults are what this module says they are (read from the file: a
+    # machine's own Dask config files, /etc/dask in the image, may differ)
+    with open(os.path.join(os.path.dirname(distributed.__file__), "distributed.yaml")) as f:
+        defaults = yaml.safe_load(f)
+    assert {k: dask.config.get(k, config=defaults) for k in DASK_HOUSEKEEPING} == \
+        DASK_HOUSEKEEPING
+    with dask.config.set(DASK_HOUSEKEEPING):
+        assert housekeeping_config() == WORKER_HOUSEKEEPING
     with dask.config.set({"distributed.admin.system-monitor.interval": "1s"}):
         assert "distributed.admin.system-monitor.interval" not in housekeeping_config()
     with dask.config.set({"distributed.worker.profile.interval": "50ms"}):  # a user's profiler
@@ -128,8 +137,9 @@ def test_workers_run_with_the_quieter_housekeeping():
 
     from lshdist.cluster.client import DASK_HOUSEKEEPING, WORKER_HOUSEKEEPING
 
-    with dask_client(workers=1) as client:
+    before = {k: dask.config.get(k) for k in DASK_HOUSEKEEPING}
+    with dask.config.set(DASK_HOUSEKEEPING), dask_client(workers=1) as client:
         got = list(client.run(_housekeeping).values())
     assert got == [WORKER_HOUSEKEEPING]
     # the driver's config is as it was
-    assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == DASK_HOUSEKEEPING
+    assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == before
