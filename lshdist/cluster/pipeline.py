@@ -778,13 +778,13 @@ def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence
     segment and the encoding) per segment beside its worker's encoding, each worker's partial
     answers merged there into one (`tasks.merge_partials`, top ``k``), and ``merge`` =
     (function, *args after the encoding and the partials) on the workers in turn.  Returns
-    {merge future: [the chunk's other futures]} for `windowed`.  The placements are
-    preferences (a worker that leaves, or Dask's work stealing, may move a task: the answers
-    are the same).  So no search waits for another worker's encoded queries, and one partial
-    per worker travels: sent between two workers,
-    the 31 MB of a 10,000 x 784 chunk kept both workers' event loops copying while their
-    searches waited (README "A million rows", session 19: the 1 M query stage 89 -> 76 s on
-    2 workers)."""
+    {merge future: [the chunk's other futures]} for `windowed`.
+
+    No search waits for another worker's encoded queries, and one partial answer per worker
+    travels.  Sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both workers'
+    event loops copying while their searches waited (README "A million rows", session 19:
+    the 1 M query stage 89 -> 76 s on 2 workers).  The placements are preferences: a worker
+    that leaves, or Dask's work stealing, may move a task, with the same answers."""
     if not segs:
         raise InputError("a query chunk needs at least one segment to search")
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
