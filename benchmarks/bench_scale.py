@@ -294,6 +294,9 @@ def main():
     ap.add_argument("--sizes", default="1,4,8,17", help="database variants (60,000 rows each)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the JSON")
     args = ap.parse_args()
+    from lshdist.limits import keep_freed_memory
+
+    keep_freed_memory()  # the driver's malloc, as the command line sets it (learn, calibration)
     if args.plot_only:
         replot()
         return

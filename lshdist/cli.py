@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from lshdist import __version__
 from lshdist.errors import LshdistError
+from lshdist.limits import keep_freed_memory
 from lshdist.store.atomic import is_write_error, os_error
 
 #: subcommand modules, in the order `lshdist --help` lists them
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    keep_freed_memory()
     return guarded(f"lshdist {args.job}", lambda: args.func(args))
 
 

@@ -60,22 +60,101 @@ def random_pairs(y: np.ndarray, n_constraints: int, rng: np.random.Generator) ->
     return pairs, delta
 
 
+class NeighborTable:
+    """The base metric's nearest neighbours of the first anchors `neighbor_pairs` will draw —
+    computed once and shared by fits that differ only in what they do with the pairs (metric
+    selection's grid: gamma, bounds and neighbours per anchor leave the anchors and their
+    neighbour order unchanged).  ``anchors``: the first rows of the permutation the fit's
+    generator draws; ``nn`` int64 (len(anchors), k): each anchor's k nearest other rows,
+    ascending by (distance, row); ``n``: the rows of Z.  A fit uses it only where its own
+    anchors are these (checked), so a table never changes the pairs, only their cost."""
+
+    def __init__(self, anchors: np.ndarray, nn: np.ndarray, n: int):
+        self.anchors = np.asarray(anchors, np.int64)
+        self.nn = np.asarray(nn, np.int64)
+        self.n = int(n)
+
+    @classmethod
+    def build(cls, Z: BlockT, order: np.ndarray, n_anchors: int, k: int, sq_dist: SqDist[BlockT],
+              *, n_threads: int = 1) -> NeighborTable:
+        from lshdist.blocks import n_rows
+
+        anchors = np.asarray(order[:n_anchors], np.int64)
+        return cls(anchors, anchor_neighbors(Z, anchors, k, sq_dist, n_threads=n_threads),
+                   n_rows(Z))
+
+    def lookup(self, n: int, start: int, anchors: np.ndarray, k: int) -> np.ndarray | None:
+        """The k nearest of ``anchors`` (rows ``start:`` of the fit's anchor order among ``n``
+        rows), or None when the table was not made for them."""
+        stop = start + len(anchors)
+        if (n != self.n or k > self.nn.shape[1] or stop > len(self.anchors)
+                or not np.array_equal(self.anchors[start:stop], anchors)):
+            return None
+        return self.nn[start:stop, :k]
+
+
+def anchor_neighbors(Z: BlockT, anchors: np.ndarray, k: int, sq_dist: SqDist[BlockT], *,
+                     n_threads: int = 1) -> np.ndarray:
+    """int64 (len(anchors), k): each anchor's k nearest other rows of Z under ``sq_dist``,
+    ascending by (distance, row).
+
+    float32 dense rows under L2 (`sq_euclidean`, what explicit ITML passes): the exact scan
+    (`lshdist.index.scan.scan_topk`: float32 products pick candidates, the exact distance
+    orders them) — half the cost of the float64 distance matrix at 784-d.  Other rows: the
+    ``sq_dist`` matrix, its k smallest ordered by (distance, row)."""
+    from lshdist.blocks import n_rows, take_rows
+    from lshdist.metric.learned import sq_euclidean
+
+    N = n_rows(Z)
+    anchors = np.asarray(anchors, np.int64)
+    if isinstance(Z, np.ndarray) and Z.dtype == np.float32 and sq_dist is sq_euclidean:
+        from lshdist.index.payload import DensePayload
+        from lshdist.index.scan import scan_topk
+
+        kk = min(k + 1, N)
+        _, nn = scan_topk(DensePayload(Z), DensePayload(Z[anchors]), kk, n_threads=n_threads)
+        # the anchor itself (distance 0) is dropped; when k + 1 rows tie it at 0 with smaller
+        # row numbers it is not among them, and the last is dropped instead
+        own = nn == anchors[:, None]
+        drop = np.where(own.any(axis=1), own.argmax(axis=1), kk - 1)
+        keep = np.ones(nn.shape, bool)
+        keep[np.arange(len(nn)), drop] = False
+        return nn[keep].reshape(len(nn), kk - 1)[:, :k]
+    D = sq_dist(take_rows(Z, anchors), Z)
+    D[np.arange(len(anchors)), anchors] = np.inf  # a point is not its own neighbour
+    kth = np.partition(D, k - 1, axis=1)[:, k - 1]
+    out = np.empty((len(anchors), k), np.int64)
+    for i in range(len(anchors)):  # the rows at most the k-th distance, by (distance, row)
+        c = np.flatnonzero(D[i] <= kth[i])
+        out[i] = c[np.lexsort((c, D[i, c]))][:k]
+    return out
+
+
+def anchors_needed(n_constraints: int, n_neighbors: int, n: int) -> int:
+    """How many anchors `neighbor_pairs` takes at its first step (``n`` rows)."""
+    k = int(min(n_neighbors, n - 1))
+    return min(n, max(16, int(np.ceil(n_constraints / max(k, 1)))))
+
+
 def neighbor_pairs(
     Z: BlockT, y: np.ndarray, n_constraints: int, n_neighbors: int, rng: np.random.Generator,
-    sq_dist: SqDist[BlockT],
+    sq_dist: SqDist[BlockT], table: NeighborTable | None = None,
 ) -> Constraints:
     """Constraints among nearest neighbours under the base metric.
 
     For sampled anchors, the same-label points among the anchor's ``n_neighbors`` nearest
-    neighbours become similar pairs and the different-label ones (impostors) dissimilar pairs,
-    until ``n_constraints`` pairs are gathered.
+    neighbours (ascending by distance, ties by row) become similar pairs and the
+    different-label ones (impostors) dissimilar pairs, until ``n_constraints`` pairs are
+    gathered.
 
     Parameters
     ----------
     Z : rows (dense array or `SparseBlock`) under the base metric
     sq_dist : callable ``(Z_rows_a, Z_all) -> (n_a, N)`` squared base distances
+    table : the neighbours of the anchors, computed before (`NeighborTable`); used where it
+        holds this draw's anchors, the same pairs either way
     """
-    from lshdist.blocks import n_rows, take_rows
+    from lshdist.blocks import n_rows
 
     y = check_labels_for_constraints(y)
     N = n_rows(Z)
@@ -85,15 +164,14 @@ def neighbor_pairs(
     order = rng.permutation(N)
     pos: list[tuple[int, int]] = []
     neg: list[tuple[int, int]] = []
-    step = max(16, int(np.ceil(n_constraints / k)))
+    step = anchors_needed(n_constraints, n_neighbors, N)
     done = 0
     while len(pos) + len(neg) < n_constraints and done < N:
         anchors = order[done : done + step]
+        nn = table.lookup(N, done, anchors, k) if table is not None else None
+        if nn is None:
+            nn = anchor_neighbors(Z, anchors, k, sq_dist)
         done += len(anchors)
-        D = sq_dist(take_rows(Z, anchors), Z)
-        D[np.arange(len(anchors)), anchors] = np.inf  # a point is not its own neighbour
-        nn = np.argpartition(D, k - 1, axis=1)[:, :k]
-        nn = np.take_along_axis(nn, np.argsort(np.take_along_axis(D, nn, 1), axis=1), 1)
         for a, row in zip(anchors.tolist(), nn.tolist()):
             for b in row:
                 (pos if y[a] == y[b] else neg).append((a, b))

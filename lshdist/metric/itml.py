@@ -18,7 +18,9 @@ from lshdist.errors import InputError, NotFittedError
 from lshdist.metric.constraints import (
     STRATEGIES,
     Constraints,
+    NeighborTable,
     SqDist,
+    anchors_needed,
     check_labels_for_constraints,
     check_pairs,
     neighbor_pairs,
@@ -114,8 +116,8 @@ class _ITMLParams:
         return values[0], values[1]
 
     def _constraints(self, X: BlockT, y: ArrayLike | None, pairs: ArrayLike | None,
-                     delta: ArrayLike | None, sq_dist: SqDist[BlockT], rng: np.random.Generator
-                     ) -> Constraints:
+                     delta: ArrayLike | None, sq_dist: SqDist[BlockT], rng: np.random.Generator,
+                     table: NeighborTable | None = None) -> Constraints:
         N = n_rows(X)
         if pairs is not None:
             return check_pairs(pairs, delta, N)
@@ -125,7 +127,8 @@ class _ITMLParams:
         check_labels_for_constraints(labels)
         if self.constraints == "random":
             return random_pairs(labels, self.n_constraints, rng)
-        return neighbor_pairs(X, labels, self.n_constraints, self.n_neighbors, rng, sq_dist)
+        return neighbor_pairs(X, labels, self.n_constraints, self.n_neighbors, rng, sq_dist,
+                              table)
 
     def _bounds(self, X: BlockT, sq_dist: SqDist[BlockT], pct: tuple[float, float],
                 rng: np.random.Generator) -> tuple[float, float]:
@@ -178,15 +181,17 @@ class ITML(_ITMLParams):
         return A0
 
     def fit(self, X: RowsLike, y: ArrayLike | None = None, *, pairs: ArrayLike | None = None,
-            delta: ArrayLike | None = None) -> ITML:
-        """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1)."""
+            delta: ArrayLike | None = None, neighbors: NeighborTable | None = None) -> ITML:
+        """Learn ``A`` from labels ``y`` or from ``pairs`` (n, 2) with ``delta`` (+1/-1).
+        ``neighbors``: the anchors' neighbours computed before (`neighbor_table`), shared by
+        fits on the same rows; the same pairs with or without it."""
         pct = self._validate_params()
         X = check_numeric_matrix(X)
         rng = np.random.default_rng(self.seed)
         A0 = self._prior(X)
         prior_metric = ExplicitMetric(A0)
         Z = prior_metric.transform(X)
-        pairs_, delta_ = self._constraints(Z, y, pairs, delta, sq_euclidean, rng)
+        pairs_, delta_ = self._constraints(Z, y, pairs, delta, sq_euclidean, rng, neighbors)
         u, l = self._bounds(Z, sq_euclidean, pct, rng)
         V = X[pairs_[:, 0]].astype(np.float64) - X[pairs_[:, 1]].astype(np.float64)
         xi = np.where(delta_ > 0, u, l).astype(np.float64)
@@ -203,6 +208,21 @@ class ITML(_ITMLParams):
         self.d_ = X.shape[1]
         self.center_ = X.mean(axis=0, dtype=np.float64).astype(np.float32)
         return self
+
+    def neighbor_table(self, X: RowsLike, neighbors: list[int], *, n_threads: int = 1
+                       ) -> NeighborTable:
+        """The neighbours of the anchors that `fit` on ``X`` with labels draws, for each of
+        ``neighbors`` (neighbours per anchor) with this estimator's seed, prior and number of
+        constraints — computed once (``n_threads`` BLAS threads) for several fits."""
+        self._validate_params()
+        X = check_numeric_matrix(X)
+        N = X.shape[0]
+        Z = ExplicitMetric(self._prior(X)).transform(X)
+        order = np.random.default_rng(self.seed).permutation(N)  # fit's first draw
+        ks = [int(min(k, N - 1)) for k in neighbors]
+        return NeighborTable.build(
+            Z, order, max(anchors_needed(self.n_constraints, k, N) for k in ks), max(ks),
+            sq_euclidean, n_threads=n_threads)
 
     def metric(self) -> ExplicitMetric:
         if not hasattr(self, "A_"):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lshdist.config import LearnConfig
+from lshdist.errors import InputError
 from lshdist.jobs.learn import learn
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.metric.selection import sample_rows_stratified, stratified_split
@@ -84,6 +85,38 @@ def test_grid_fitted_concurrently_makes_the_serial_choice(tmp_path):
     assert p1["selected"] == p3["selected"] == "learned"
     assert p1["selection"]["setting"] == p3["selection"]["setting"]
     assert np.array_equal(m1.A, m3.A)
+
+
+def test_the_shared_neighbour_table_changes_no_trial(tmp_path, monkeypatch):
+    """The grid's anchors' neighbours computed once (`ITML.neighbor_table`) give the trials,
+    choice and metric of every setting computing its own; the table is built once and spares
+    the neighbour searches of the six settings that draw neighbours."""
+    import lshdist.metric.constraints as C
+    from lshdist.metric.itml import ITML
+
+    X, y = _signal_in_one_feature(seed=6)
+    ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
+    cfg = LearnConfig(constraints=1000, budget=1e6, grid_threads=2)
+    calls: list[int] = []
+    real = C.anchor_neighbors
+    monkeypatch.setattr(C, "anchor_neighbors",
+                        lambda *a, **kw: calls.append(len(a[1])) or real(*a, **kw))
+    m1, p1, _ = learn(ds, cfg)
+    with_table = list(calls)
+
+    def no_table(self, *a, **kw):
+        raise InputError("no table")
+
+    monkeypatch.setattr(ITML, "neighbor_table", no_table)
+    calls.clear()
+    m2, p2, _ = learn(ds, cfg)
+    strip = lambda s: [(t["name"], t["changes"], t["accuracy"]) for t in s["trials"]]  # noqa: E731
+    assert strip(p1["selection"]) == strip(p2["selection"])
+    assert p1["selection"]["setting"] == p2["selection"]["setting"]
+    assert np.array_equal(m1.A, m2.A)
+    # with the table: its one search and the final fit's on all rows; without: one for each
+    # of the six settings drawing neighbours, and the final fit's
+    assert len(with_table) == 2 and len(calls) == 7
 
 
 def test_concurrent_grid_fits_hold_blas_to_one_thread(tmp_path, monkeypatch):
