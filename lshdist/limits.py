@@ -54,8 +54,10 @@ def available_cores() -> int:
 #: map every block above its dynamic threshold (at most 32 MiB) afresh and unmap it when freed,
 #: so each 20,000 x 784 float32 shard the driver decodes (62.7 MB; a learning sample is read
 #: shard by shard) faulted its pages in again: reading the 1 M set's 20,000-row sample took
-#: 4.7-6.7 s (3.5-5.1 s of it system time), with these 2.4-2.9 s (0.1-0.5 s) — README "A
-#: million rows", session 20.  Workers get theirs at spawn (`lshdist.cluster.client`).
+#: 5.6-6.9 s (3.5-5.1 s of it system time), with these 3.0-3.3 s (0.1-0.5 s) — README
+#: "Metric selection", session 20.  Blocks a thread's own arena serves stay under its 64 MiB
+#: heap.  glibc before the limit was lifted (2.36 has none) refuses mmap thresholds above 32
+#: MiB: then 32 MiB.  Workers get theirs at spawn (`lshdist.cluster.client`).
 DRIVER_MALLOC = {"M_TRIM_THRESHOLD": 256 << 20, "M_TOP_PAD": 64 << 20,
                  "M_MMAP_THRESHOLD": 256 << 20, "M_ARENA_MAX": 2}
 #: glibc's mallopt parameter numbers (malloc.h)
@@ -66,8 +68,9 @@ MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOL
 
 
 def keep_freed_memory() -> bool:
-    """Apply `DRIVER_MALLOC` to this process through glibc's ``mallopt``: True when applied;
-    False (nothing changed) where the C library is not glibc or the user set any of
+    """Apply `DRIVER_MALLOC` to this process through glibc's ``mallopt``, the mmap threshold
+    first (32 MiB where glibc refuses a larger one): True when applied; False — nothing changed
+    — where the C library is not glibc, refuses both thresholds, or the user set any of
     `MALLOC_ENV` (their choice stands).  Called once by the command line, before any work."""
     import ctypes
     import os
@@ -80,5 +83,10 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    accepted = [mallopt(_MALLOPT[k], v) == 1 for k, v in DRIVER_MALLOC.items()]  # every one
+    # the threshold first: another setting would pin it where it is (128 KiB at start)
+    if not any(mallopt(_MALLOPT["M_MMAP_THRESHOLD"], v) == 1
+               for v in (DRIVER_MALLOC["M_MMAP_THRESHOLD"], 32 << 20)):
+        return False
+    accepted = [mallopt(_MALLOPT[k], v) == 1 for k, v in DRIVER_MALLOC.items()
+                if k != "M_MMAP_THRESHOLD"]  # every one, whatever the others did
     return all(accepted)

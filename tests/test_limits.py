@@ -43,19 +43,22 @@ def test_nested_and_child_sections_neither_wait_nor_restore_the_limit():
 
 
 def test_driver_malloc_applied_unless_the_user_set_it(monkeypatch):
-    """`keep_freed_memory` applies `DRIVER_MALLOC` through glibc's mallopt (every call
-    accepted) and changes nothing where the user set any MALLOC_* variable of `MALLOC_ENV`;
-    the command line calls it before any job."""
+    """`keep_freed_memory` applies `DRIVER_MALLOC` through glibc's mallopt — the mmap threshold
+    first, 32 MiB (older glibc's largest) where a larger one is refused, nothing else where
+    that is refused too — and changes nothing where the user set any variable of `MALLOC_ENV`;
+    the command line calls it before any job.  (A fake C library: this process's malloc is
+    left alone; the real one is tried in a child process.)"""
     import ctypes
     import platform
+    import subprocess
+    import sys
 
     from lshdist import cli, limits
 
     for k in limits.MALLOC_ENV:
         monkeypatch.delenv(k, raising=False)
-    glibc = platform.libc_ver()[0] == "glibc"
-    assert limits.keep_freed_memory() is glibc
     seen: list[tuple[int, int]] = []
+    largest = [2**62]
 
     class FakeLibc:
         def __init__(self, *_):
@@ -63,13 +66,23 @@ def test_driver_malloc_applied_unless_the_user_set_it(monkeypatch):
 
         def __call__(self, param, value):
             seen.append((param, value))
-            return 1
+            return int(param != -3 or value <= largest[0])
 
     monkeypatch.setattr(ctypes, "CDLL", FakeLibc)
     assert limits.keep_freed_memory() is True
-    assert seen == [(limits._MALLOPT[k], v) for k, v in limits.DRIVER_MALLOC.items()]
-    assert dict(seen)[-3] >= 63 * 2**20  # a 20,000 x 784 float32 shard stays on the heap
+    want = dict(limits.DRIVER_MALLOC)
+    assert seen[0] == (-3, want.pop("M_MMAP_THRESHOLD"))  # the threshold first
+    assert seen[1:] == [(limits._MALLOPT[k], v) for k, v in want.items()]
+    assert seen[0][1] >= 63 * 2**20  # a 20,000 x 784 float32 shard stays on the heap
     seen.clear()
+    largest[0] = 32 << 20  # glibc before the limit was lifted
+    assert limits.keep_freed_memory() is True
+    assert seen[:2] == [(-3, limits.DRIVER_MALLOC["M_MMAP_THRESHOLD"]), (-3, 32 << 20)]
+    seen.clear()
+    largest[0] = 0
+    assert limits.keep_freed_memory() is False and seen == [(-3, seen[0][1]), (-3, 32 << 20)]
+    seen.clear()
+    largest[0] = 2**62
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limits.keep_freed_memory() is False and seen == []
     monkeypatch.delenv("MALLOC_ARENA_MAX")
@@ -77,3 +90,9 @@ def test_driver_malloc_applied_unless_the_user_set_it(monkeypatch):
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: called.append(1) or True)
     assert cli.main(["info", "/nonexistent-lshdist-index"]) == 2
     assert called == [1]
+    monkeypatch.undo()
+    env = {k: v for k, v in __import__("os").environ.items() if k not in limits.MALLOC_ENV}
+    got = subprocess.run([sys.executable, "-c", "from lshdist.limits import keep_freed_memory;"
+                          "print(keep_freed_memory())"], capture_output=True, text=True,
+                         env=env, check=True).stdout.strip()
+    assert got == str(platform.libc_ver()[0] == "glibc")

@@ -35,7 +35,9 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 #: rows (62.7 MB, decoded whole for each query chunk and segment read) was still mapped afresh
 #: each time — a 100,000-row segment loaded in 2.1-2.5 s (1.5-1.8 s system time) with 8 MiB
 #: and 0.7-1.1 s (0.1-0.5 s) with larger blocks; the 2-worker query stage 83.7 / 81.9 / 90.1 s
-#: -> 78.0 / 76.0 / 91.5 s paired.  Read by glibc when a process starts, so it must be in the
+#: -> 78.0 / 76.0 / 91.5 s paired (the top pad 4 -> 16 MiB with them).  glibc before 2.36 is
+#: given `OLD_GLIBC_MMAP_MAX` instead (it ignores larger values).  Read by glibc when a process
+#: starts, so it must be in the
 #: environment the worker is spawned with (the Nanny's pre-spawn config, not its ``env``).  A
 #: trim threshold the user configured is kept (and Dask's default, were it to change, is left
 #: alone).
@@ -95,7 +97,28 @@ def worker_pre_spawn_env() -> dict[str, str]:
         return pre
     extra = {k: v for k, v in WORKER_MALLOC.items()
              if k == "MALLOC_TRIM_THRESHOLD_" or k not in pre}
+    if "MALLOC_MMAP_THRESHOLD_" not in pre and not glibc_takes_large_mmap_threshold():
+        extra["MALLOC_MMAP_THRESHOLD_"] = str(OLD_GLIBC_MMAP_MAX)
     return {**pre, **extra}
+
+
+#: the largest mmap threshold glibc accepted before the limit was lifted (half its 64 MiB
+#: arena heap on 64-bit): a larger MALLOC_MMAP_THRESHOLD_ is ignored there, and the trim
+#: threshold then pins the mmap threshold at 128 KiB — Dask's default behaviour
+OLD_GLIBC_MMAP_MAX = 32 << 20
+
+
+def glibc_takes_large_mmap_threshold(version: str | None = None) -> bool:
+    """Whether this machine's glibc (or ``version``, "2.36") accepts an mmap threshold above
+    `OLD_GLIBC_MMAP_MAX`: 2.36 and later (2.36 measured; earlier ones treated as limited)."""
+    import platform
+
+    lib, ver = ("glibc", version) if version is not None else platform.libc_ver()
+    try:
+        major, minor = (int(p) for p in ver.split(".")[:2])
+    except ValueError:
+        return False
+    return lib == "glibc" and (major, minor) >= (2, 36)
 
 
 @contextlib.contextmanager

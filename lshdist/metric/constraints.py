@@ -8,7 +8,7 @@ A constraint set is ``(pairs, delta)``: int64 ``(n, 2)`` row indices and float64
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -66,13 +66,18 @@ class NeighborTable:
     selection's grid: gamma, bounds and neighbours per anchor leave the anchors and their
     neighbour order unchanged).  ``anchors``: the first rows of the permutation the fit's
     generator draws; ``nn`` int64 (len(anchors), k): each anchor's k nearest other rows,
-    ascending by (distance, row); ``n``: the rows of Z.  A fit uses it only where its own
-    anchors are these (checked), so a table never changes the pairs, only their cost."""
+    ascending by (distance, row); ``n``: the rows of Z; ``digest``: of the anchors' rows of Z.
+    A fit uses it only where its own anchors and their rows are these (checked: another X or
+    prior of the same shape is refused), so a table never changes the pairs, only their cost.
+    Read-only: concurrent fits share it."""
 
-    def __init__(self, anchors: np.ndarray, nn: np.ndarray, n: int):
-        self.anchors = np.asarray(anchors, np.int64)
-        self.nn = np.asarray(nn, np.int64)
+    def __init__(self, anchors: np.ndarray, nn: np.ndarray, n: int, digest: str):
+        self.anchors = np.array(anchors, np.int64)
+        self.nn = np.array(nn, np.int64)
+        self.anchors.setflags(write=False)
+        self.nn.setflags(write=False)
         self.n = int(n)
+        self.digest = digest
 
     @classmethod
     def build(cls, Z: BlockT, order: np.ndarray, n_anchors: int, k: int, sq_dist: SqDist[BlockT],
@@ -81,16 +86,33 @@ class NeighborTable:
 
         anchors = np.asarray(order[:n_anchors], np.int64)
         return cls(anchors, anchor_neighbors(Z, anchors, k, sq_dist, n_threads=n_threads),
-                   n_rows(Z))
+                   n_rows(Z), _rows_digest(Z, anchors))
 
-    def lookup(self, n: int, start: int, anchors: np.ndarray, k: int) -> np.ndarray | None:
-        """The k nearest of ``anchors`` (rows ``start:`` of the fit's anchor order among ``n``
-        rows), or None when the table was not made for them."""
+    def lookup(self, Z: BlockT, start: int, anchors: np.ndarray, k: int) -> np.ndarray | None:
+        """The k nearest of ``anchors`` (rows ``start:`` of the fit's anchor order over the rows
+        ``Z``), or None when the table was not made for them."""
+        from lshdist.blocks import n_rows
+
         stop = start + len(anchors)
-        if (n != self.n or k > self.nn.shape[1] or stop > len(self.anchors)
-                or not np.array_equal(self.anchors[start:stop], anchors)):
+        if (n_rows(Z) != self.n or k > self.nn.shape[1] or stop > len(self.anchors)
+                or not np.array_equal(self.anchors[start:stop], anchors)
+                or _rows_digest(Z, self.anchors) != self.digest):
             return None
         return self.nn[start:stop, :k]
+
+
+def _rows_digest(Z: BlockT, rows: np.ndarray) -> str:
+    """A digest of rows of a dense Z (a `SparseBlock`'s: of its arrays' bytes)."""
+    import hashlib
+
+    from lshdist.blocks import take_rows
+
+    h = hashlib.blake2b(digest_size=16)
+    part: Any = take_rows(Z, rows)
+    for a in ((part,) if isinstance(part, np.ndarray) else
+              (part.indptr, part.indices, part.data)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def anchor_neighbors(Z: BlockT, anchors: np.ndarray, k: int, sq_dist: SqDist[BlockT], *,
@@ -168,7 +190,7 @@ def neighbor_pairs(
     done = 0
     while len(pos) + len(neg) < n_constraints and done < N:
         anchors = order[done : done + step]
-        nn = table.lookup(N, done, anchors, k) if table is not None else None
+        nn = table.lookup(Z, done, anchors, k) if table is not None else None
         if nn is None:
             nn = anchor_neighbors(Z, anchors, k, sq_dist)
         done += len(anchors)

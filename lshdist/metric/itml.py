@@ -215,6 +215,9 @@ class ITML(_ITMLParams):
         ``neighbors`` (neighbours per anchor) with this estimator's seed, prior and number of
         constraints — computed once (``n_threads`` BLAS threads) for several fits."""
         self._validate_params()
+        if not neighbors:
+            raise InputError("a neighbour table needs the neighbours per anchor of at least "
+                             "one fit")
         X = check_numeric_matrix(X)
         N = X.shape[0]
         Z = ExplicitMetric(self._prior(X)).transform(X)

@@ -236,7 +236,8 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
     # The anchors' nearest neighbours are the same for every setting that keeps the seed, the
     # prior and the number of pairs (gamma, the bounds and the neighbours per anchor change
     # only which are used): computed once here for the explicit learner, with both cores,
-    # instead of once per setting (the 1 M sample: 7 settings, ~2 core-s each).
+    # instead of once per setting (the 1 M sample: six settings draw neighbours, ~2 core-s
+    # each).
     table = None
     wants = [int(e.n_neighbors) for e in (make(ch) for _, ch in settings)
              if e.constraints == "neighbors"]

@@ -4,6 +4,7 @@ table shared by a grid's fits, which never changes the pairs."""
 import numpy as np
 import pytest
 
+from lshdist.errors import InputError
 from lshdist.metric.constraints import NeighborTable, anchor_neighbors, neighbor_pairs
 from lshdist.metric.itml import ITML
 from lshdist.metric.learned import sq_euclidean
@@ -43,6 +44,17 @@ def test_anchor_neighbors_scan_and_matrix_match_the_reference(k):
     assert not (scan == anchors[:, None]).any()
 
 
+def test_anchor_neighbors_threaded_scan_blocks_at_40_columns():
+    """More than one 1,024-query block on two threads, 40 columns (the scan's uint8 payload),
+    rows in pairs of duplicates: the reference's order, ties by row."""
+    rng = np.random.default_rng(8)
+    Z = rng.integers(0, 4, size=(1500, 40)).astype(np.float32)
+    Z[750:] = Z[:750]
+    anchors = rng.permutation(1500)[:1100]
+    got = anchor_neighbors(Z, anchors, 7, sq_euclidean, n_threads=2)
+    np.testing.assert_array_equal(got, _reference(Z, anchors, 7))
+
+
 def test_a_table_gives_the_same_pairs_and_is_used_only_for_its_anchors(monkeypatch):
     """Pairs drawn with a table equal those drawn without, for every neighbours-per-anchor the
     table covers; a table for another seed (other anchors) or too few neighbours is not used
@@ -62,7 +74,7 @@ def test_a_table_gives_the_same_pairs_and_is_used_only_for_its_anchors(monkeypat
     import lshdist.metric.constraints as C
 
     other = ITML(n_constraints=300, seed=12).neighbor_table(Z, [10])
-    short = NeighborTable(table.anchors, table.nn[:, :3], table.n)
+    short = NeighborTable(table.anchors, table.nn[:, :3], table.n, table.digest)
     calls = []
     real = C.anchor_neighbors
     monkeypatch.setattr(C, "anchor_neighbors", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -75,11 +87,29 @@ def test_a_table_gives_the_same_pairs_and_is_used_only_for_its_anchors(monkeypat
     assert len(calls) == 4  # each refused table: the neighbours computed again
 
 
-def test_fit_with_a_table_learns_the_same_matrix():
+def test_fit_with_a_table_learns_the_same_matrix_without_searching(monkeypatch):
+    """A fit given its table learns the table-less fit's matrix and searches no neighbours; a
+    table made on other rows of the same shape (another X, or another prior) is refused — the
+    fit then searches its own, and still learns its own matrix."""
+    import lshdist.metric.constraints as C
+
     rng = np.random.default_rng(5)
-    X = rng.normal(size=(500, 6)).astype(np.float32)
+    X = rng.normal(size=(500, 40)).astype(np.float32)  # 40 columns: the scan's uint8 re-rank
     y = (X[:, 0] > 0).astype(int) + 2 * (X[:, 1] > 0)
     est = ITML(n_constraints=400, max_iter=5, seed=2)
     a = ITML(n_constraints=400, max_iter=5, seed=2).fit(X, y).A_
-    b = est.fit(X, y, neighbors=est.neighbor_table(X, [10, 5])).A_
+    table = est.neighbor_table(X, [10, 5])
+    others = [est.neighbor_table(X[::-1].copy(), [10, 5]),
+              ITML(n_constraints=400, max_iter=5, seed=2,
+                   prior="inverse-covariance").neighbor_table(X, [10, 5])]
+    calls: list[int] = []
+    real = C.anchor_neighbors
+    monkeypatch.setattr(C, "anchor_neighbors", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    b = est.fit(X, y, neighbors=table).A_
     np.testing.assert_array_equal(a, b)
+    assert calls == []
+    for other in others:
+        np.testing.assert_array_equal(est.fit(X, y, neighbors=other).A_, a)
+    assert len(calls) == 2
+    with pytest.raises(InputError, match="neighbours per anchor"):
+        est.neighbor_table(X, [])
