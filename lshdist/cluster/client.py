@@ -24,26 +24,24 @@ log = logging.getLogger(__name__)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
 #: glibc's malloc in LocalCluster worker processes keeps freed memory for reuse — blocks under
-#: 128 MiB from the heap, up to 128 MiB of free heap kept at its top, two arenas — where Dask's
+#: 8 MiB from the heap, up to 16 MiB of free heap kept at its top, two arenas — where Dask's
 #: default (``distributed.nanny.pre-spawn-environ``: MALLOC_TRIM_THRESHOLD_=65536, which also
 #: pins the mmap threshold at 128 KiB) maps every larger block on allocation, unmaps it on
 #: free, and the next one faults its pages in again.  Measured (README "A million rows",
 #: sessions 17-18): loading a 100,000-row segment took 4.4x the page faults with Dask's
 #: setting; the 1 M query stage (100,000 queries) took 138-142 s on one worker with Dask's
-#: setting against 111-114 s with session 18's (8 MiB blocks, 16 MiB kept; 91-97 s against
-#: 79-82 s on two).  Session 20 raised both to 128 MiB: a 20,000-row shard of 784-d float32
-#: rows (62.7 MB, decoded whole for each query chunk and segment read) was still mapped afresh
-#: each time — a 100,000-row segment loaded in 2.1-2.5 s (1.5-1.8 s system time) with 8 MiB
-#: and 0.7-1.1 s (0.1-0.5 s) with larger blocks; the 2-worker query stage 83.7 / 81.9 / 90.1 s
-#: -> 78.0 / 76.0 / 91.5 s paired (the top pad 4 -> 16 MiB with them).  glibc before 2.36 is
-#: given `OLD_GLIBC_MMAP_MAX` instead (it ignores larger values).  Read by glibc when a process
-#: starts, so it must be in the
-#: environment the worker is spawned with (the Nanny's pre-spawn config, not its ``env``).  A
-#: trim threshold the user configured is kept (and Dask's default, were it to change, is left
-#: alone).
-WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(128 << 20),
-                 "MALLOC_MMAP_THRESHOLD_": str(128 << 20),
-                 "MALLOC_TOP_PAD_": str(16 << 20), "MALLOC_ARENA_MAX": "2"}
+#: setting against 111-114 s with this one (91-97 s against 79-82 s on two).  Session 17's
+#: larger setting (64 MiB kept, 32 MiB blocks, any number of arenas) was as fast but held more
+#: (query-memory benchmark, worker peak at 16,000 / 1,000 queries: 1.28 against 1.13 now).
+#: Session 20 tried 128 MiB blocks and 128 MiB kept (62.7 MB shard decodes then stay on the
+#: heap: a segment load 2.1-2.5 -> 0.7-1.1 s, the 2-worker 1 M query stage ~7 % faster in 2 of
+#: 3 paired rounds) and 32 / 32 MiB; the query-memory line read 1.22 and 1.20 against 1.19
+#: for this setting the same hour, past the < 1.20 the bounded-memory acceptance asks: kept.
+#: Read by glibc when a process starts, so it must be in the environment the worker is
+#: spawned with (the Nanny's pre-spawn config, not its ``env``).  A trim threshold the user
+#: configured is kept (and Dask's default, were it to change, is left alone).
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(16 << 20), "MALLOC_MMAP_THRESHOLD_": str(8 << 20),
+                 "MALLOC_TOP_PAD_": str(4 << 20), "MALLOC_ARENA_MAX": "2"}
 #: Dask's own default trim threshold (distributed.yaml), which `WORKER_MALLOC` replaces
 DASK_DEFAULT_TRIM = "65536"
 
@@ -97,28 +95,7 @@ def worker_pre_spawn_env() -> dict[str, str]:
         return pre
     extra = {k: v for k, v in WORKER_MALLOC.items()
              if k == "MALLOC_TRIM_THRESHOLD_" or k not in pre}
-    if "MALLOC_MMAP_THRESHOLD_" not in pre and not glibc_takes_large_mmap_threshold():
-        extra["MALLOC_MMAP_THRESHOLD_"] = str(OLD_GLIBC_MMAP_MAX)
     return {**pre, **extra}
-
-
-#: the largest mmap threshold glibc accepted before the limit was lifted (half its 64 MiB
-#: arena heap on 64-bit): a larger MALLOC_MMAP_THRESHOLD_ is ignored there, and the trim
-#: threshold then pins the mmap threshold at 128 KiB — Dask's default behaviour
-OLD_GLIBC_MMAP_MAX = 32 << 20
-
-
-def glibc_takes_large_mmap_threshold(version: str | None = None) -> bool:
-    """Whether this machine's glibc (or ``version``, "2.36") accepts an mmap threshold above
-    `OLD_GLIBC_MMAP_MAX`: 2.36 and later (2.36 measured; earlier ones treated as limited)."""
-    import platform
-
-    lib, ver = ("glibc", version) if version is not None else platform.libc_ver()
-    try:
-        major, minor = (int(p) for p in ver.split(".")[:2])
-    except ValueError:
-        return False
-    return lib == "glibc" and (major, minor) >= (2, 36)
 
 
 @contextlib.contextmanager

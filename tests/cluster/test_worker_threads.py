@@ -63,41 +63,13 @@ def _malloc_environ() -> dict[str, str]:
             if k.startswith("MALLOC_")}
 
 
-def _expected_malloc() -> dict[str, str]:
-    """`WORKER_MALLOC`, with the mmap threshold older glibc accepts where this one is older."""
-    from lshdist.cluster.client import (
-        OLD_GLIBC_MMAP_MAX,
-        WORKER_MALLOC,
-        glibc_takes_large_mmap_threshold,
-    )
-
-    if glibc_takes_large_mmap_threshold():
-        return dict(WORKER_MALLOC)
-    return {**WORKER_MALLOC, "MALLOC_MMAP_THRESHOLD_": str(OLD_GLIBC_MMAP_MAX)}
-
-
-def test_older_glibc_is_given_the_mmap_threshold_it_accepts(monkeypatch):
-    """glibc before 2.36 ignores an mmap threshold above 32 MiB (and the trim threshold would
-    then pin it at 128 KiB): such workers are given 32 MiB, the rest of the setting unchanged."""
-    import lshdist.cluster.client as c
-
-    assert c.glibc_takes_large_mmap_threshold("2.36") and c.glibc_takes_large_mmap_threshold("3.0")
-    assert not any(c.glibc_takes_large_mmap_threshold(v) for v in ("2.35", "2.28", "x"))
-    monkeypatch.setattr(c, "glibc_takes_large_mmap_threshold", lambda version=None: False)
-    pre = c.worker_pre_spawn_env()
-    assert pre["MALLOC_MMAP_THRESHOLD_"] == str(c.OLD_GLIBC_MMAP_MAX) == str(32 << 20)
-    assert {k: pre[k] for k in c.WORKER_MALLOC if k != "MALLOC_MMAP_THRESHOLD_"} == {
-        k: v for k, v in c.WORKER_MALLOC.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    assert int(c.WORKER_MALLOC["MALLOC_MMAP_THRESHOLD_"]) > 63 * 2**20  # a shard stays on the heap
-
-
 def test_worker_malloc_replaces_only_dasks_default_trim_threshold():
     import dask
 
     from lshdist.cluster.client import DASK_DEFAULT_TRIM, WORKER_MALLOC, worker_pre_spawn_env
 
     pre = worker_pre_spawn_env()
-    assert {k: pre[k] for k in WORKER_MALLOC} == _expected_malloc()
+    assert {k: pre[k] for k in WORKER_MALLOC} == WORKER_MALLOC
     assert WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"] != DASK_DEFAULT_TRIM
     assert pre["OMP_NUM_THREADS"] == "1"  # Dask's other pre-spawn settings kept
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 12345}):
@@ -118,7 +90,7 @@ def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with dask_client(workers=1) as client:
         got = list(client.run(_malloc_environ).values())
-    assert got == [_expected_malloc()]
+    assert got == [WORKER_MALLOC]
     assert not any(v in os.environ for v in WORKER_MALLOC)
 
 
