@@ -34,9 +34,10 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 #: larger setting (64 MiB kept, 32 MiB blocks, any number of arenas) was as fast but held more
 #: (query-memory benchmark, worker peak at 16,000 / 1,000 queries: 1.28 against 1.13 now).
 #: Session 20 tried 128 MiB blocks and 128 MiB kept (62.7 MB shard decodes then stay on the
-#: heap: a segment load 2.1-2.5 -> 0.7-1.1 s, the 2-worker 1 M query stage ~7 % faster in 2 of
-#: 3 paired rounds) and 32 / 32 MiB; the query-memory line read 1.22 and 1.20 against 1.19
-#: for this setting the same hour, past the < 1.20 the bounded-memory acceptance asks: kept.
+#: heap; the 2-worker 1 M query stage ~7 % faster in 2 of 3 paired rounds, segment loads alike
+#: once the VM's first touch of memory was out of the way) and 32 / 32 MiB; the query-memory
+#: line (worker peak at 16,000 / 1,000 queries, < 1.20 asked) read 1.22 and 1.20 with them and
+#: 1.19 with this setting the same hour, so this one is kept.
 #: Read by glibc when a process starts, so it must be in the environment the worker is
 #: spawned with (the Nanny's pre-spawn config, not its ``env``).  A trim threshold the user
 #: configured is kept (and Dask's default, were it to change, is left alone).
