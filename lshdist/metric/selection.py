@@ -241,7 +241,7 @@ def select_metric(make: Callable[[dict[str, Any]], Any], kind: str, X: RowsLike,
     table = None
     wants = [int(e.n_neighbors) for e in (make(ch) for _, ch in settings)
              if e.constraints == "neighbors"]
-    if kind == "explicit" and len(wants) > 1 and hasattr(base, "neighbor_table"):
+    if kind == "explicit" and len(wants) > 1:  # explicit: an ITML, which makes tables
         try:
             table = base.neighbor_table(Xtr, wants, n_threads=max(1, int(n_threads)))
         except InputError:
