@@ -31,20 +31,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def summarize(stream: list[dict], span: float) -> None:
     """Core-seconds per task kind (the key's prefix), transfers, and busy time per worker."""
-    per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
     busy: dict[str, float] = collections.defaultdict(float)
     transfer = 0.0
     for t in stream:
         compute = sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")
-        transfer += sum(s["stop"] - s["start"] for s in t["startstops"]
-                        if s["action"] == "transfer")
+        moved = sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "transfer")
+        transfer += moved
         key = t["key"][0] if isinstance(t["key"], tuple) else t["key"]
         name = str(key).split("-", 1)[0]
         per[name][0] += compute
         per[name][1] += 1
+        per[name][2] += moved
         busy[t["worker"]] += compute
-    for name, (secs, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
-        print(f"   {name:32s} {secs:8.2f} core-s  {int(n):5d} tasks")
+    for name, (secs, n, moved) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+        print(f"   {name:32s} {secs:8.2f} core-s  {int(n):5d} tasks  "
+              f"inputs fetched {moved:6.2f} s")
     print(f"   {'(transfers)':32s} {transfer:8.2f} s")
     print("   busy per worker:", {w.rsplit(':', 1)[-1]: round(v, 1) for w, v in busy.items()},
           f"span {span:.1f} s")

@@ -64,16 +64,41 @@ DASK_HOUSEKEEPING = {"distributed.worker.profile.enabled": True,
                      "distributed.admin.system-monitor.interval": "500ms",
                      "distributed.admin.tick.interval": "20ms"}
 
+#: no spilling to disk: Dask writes spilled task results to its local directory with pickle,
+#: and lshdist keeps no pickle on disk (a segment is re-read, verified, from its Zarr index
+#: instead).  Since Dask knows what a segment weighs (`lshdist.cluster.sizes`), its "target"
+#: (60 % of a worker's memory limit in task results) would otherwise spill segments of an
+#: index larger than that share; the "spill" threshold (70 % of the process's memory) did so
+#: before.  Pausing (80 %) and restarting (95 %) a worker are left to Dask.
+WORKER_MEMORY = {"distributed.worker.memory.target": False,
+                 "distributed.worker.memory.spill": False}
+#: Dask's own defaults (distributed.yaml) of what `WORKER_MEMORY` replaces
+DASK_MEMORY = {"distributed.worker.memory.target": 0.6,
+               "distributed.worker.memory.spill": 0.7}
+#: no work stealing: lshdist places its tasks itself — segments spread over the workers by
+#: rows (`lshdist.cluster.pipeline.spread`), each search beside its segment and its worker's
+#: encoding of the chunk (`chunk_tasks`) — and a stolen search drags its segment (~0.44 GB for
+#: 100,000 rows of 784-d) to the thief, which then holds a second copy.  Measured (README "A
+#: million rows", session 21): the 1 M query stage from the stored index, 2 workers, copied 4
+#: segments (1.4 GB) and 9 chunk encodings between the workers with stealing, nothing without;
+#: 79.0 / 73.4 / 69.5 s with stealing, 76.2 / 67.6 / 68.8 s without (3 paired rounds).  A task
+#: whose preferred worker leaves still runs elsewhere (its placement is a loose restriction).
+SCHEDULER_PLACEMENT = {"distributed.scheduler.work-stealing": False}
+#: Dask's own default (distributed.yaml) of what `SCHEDULER_PLACEMENT` replaces
+DASK_PLACEMENT = {"distributed.scheduler.work-stealing": True}
+
 
 def housekeeping_config() -> dict[str, object]:
-    """`WORKER_HOUSEKEEPING` for the keys whose configured value is still Dask's default (the
-    profiler's switch only while its interval is Dask's 10 ms)."""
+    """`WORKER_HOUSEKEEPING`, `WORKER_MEMORY` and `SCHEDULER_PLACEMENT` for the keys whose
+    configured value is still Dask's default (the profiler's switch only while its interval is
+    Dask's 10 ms)."""
     import dask
     import distributed  # noqa: F401  (registers distributed's config defaults)
 
     out: dict[str, object] = {}
-    for key, value in WORKER_HOUSEKEEPING.items():
-        if dask.config.get(key, default=None) != DASK_HOUSEKEEPING[key]:
+    defaults = {**DASK_HOUSEKEEPING, **DASK_MEMORY, **DASK_PLACEMENT}
+    for key, value in {**WORKER_HOUSEKEEPING, **WORKER_MEMORY, **SCHEDULER_PLACEMENT}.items():
+        if dask.config.get(key, default=None) != defaults[key]:
             continue
         if key.endswith("profile.enabled") and dask.config.get(
                 "distributed.worker.profile.interval", default=None) != "10ms":

@@ -6,6 +6,7 @@ distributed Fashion-MNIST index + query ran 1.3-1.5x slower)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,11 @@ def test_housekeeping_replaces_only_dasks_defaults():
 
     from lshdist.cluster.client import (
         DASK_HOUSEKEEPING,
+        DASK_MEMORY,
+        DASK_PLACEMENT,
+        SCHEDULER_PLACEMENT,
         WORKER_HOUSEKEEPING,
+        WORKER_MEMORY,
         housekeeping_config,
     )
 
@@ -113,8 +118,16 @@ def test_housekeeping_replaces_only_dasks_defaults():
         defaults = yaml.safe_load(f)
     assert {k: dask.config.get(k, config=defaults) for k in DASK_HOUSEKEEPING} == \
         DASK_HOUSEKEEPING
-    with dask.config.set(DASK_HOUSEKEEPING):
-        assert housekeeping_config() == WORKER_HOUSEKEEPING
+    assert {k: dask.config.get(k, config=defaults) for k in DASK_MEMORY} == DASK_MEMORY
+    assert {k: dask.config.get(k, config=defaults) for k in DASK_PLACEMENT} == DASK_PLACEMENT
+    with dask.config.set({**DASK_HOUSEKEEPING, **DASK_MEMORY, **DASK_PLACEMENT}):
+        assert housekeeping_config() == {**WORKER_HOUSEKEEPING, **WORKER_MEMORY,
+                                         **SCHEDULER_PLACEMENT}
+    with dask.config.set({"distributed.scheduler.work-stealing": True}):  # Dask's: replaced
+        assert housekeeping_config()["distributed.scheduler.work-stealing"] is False
+    with dask.config.set({"distributed.worker.memory.spill": 0.9}):  # a user's threshold: kept
+        assert "distributed.worker.memory.spill" not in housekeeping_config()
+        assert housekeeping_config()["distributed.worker.memory.target"] is False
     with dask.config.set({"distributed.admin.system-monitor.interval": "1s"}):
         assert "distributed.admin.system-monitor.interval" not in housekeeping_config()
     with dask.config.set({"distributed.worker.profile.interval": "50ms"}):  # a user's profiler
@@ -126,20 +139,40 @@ def test_housekeeping_replaces_only_dasks_defaults():
 def _housekeeping() -> dict[str, object]:
     import dask
 
-    from lshdist.cluster.client import WORKER_HOUSEKEEPING
+    from lshdist.cluster.client import WORKER_HOUSEKEEPING, WORKER_MEMORY
 
-    return {k: dask.config.get(k) for k in WORKER_HOUSEKEEPING}
+    return {k: dask.config.get(k) for k in {**WORKER_HOUSEKEEPING, **WORKER_MEMORY}}
+
+
+def _steals(dask_scheduler: Any) -> bool:
+    return "stealing" in dask_scheduler.extensions
+
+
+def _spills(dask_worker: Any) -> tuple[object, object]:
+    m = dask_worker.memory_manager
+    return m.memory_target_fraction, m.memory_spill_fraction
 
 
 @pytest.mark.cluster
 def test_workers_run_with_the_quieter_housekeeping():
     import dask
 
-    from lshdist.cluster.client import DASK_HOUSEKEEPING, WORKER_HOUSEKEEPING
+    from lshdist.cluster.client import (
+        DASK_HOUSEKEEPING,
+        DASK_MEMORY,
+        DASK_PLACEMENT,
+        WORKER_HOUSEKEEPING,
+        WORKER_MEMORY,
+    )
 
     before = {k: dask.config.get(k) for k in DASK_HOUSEKEEPING}
-    with dask.config.set(DASK_HOUSEKEEPING), dask_client(workers=1) as client:
+    with dask.config.set({**DASK_HOUSEKEEPING, **DASK_MEMORY, **DASK_PLACEMENT}), \
+            dask_client(workers=1) as client:
         got = list(client.run(_housekeeping).values())
-    assert got == [WORKER_HOUSEKEEPING]
+        spills = list(client.run(_spills).values())
+        steals = client.run_on_scheduler(_steals)
+    assert got == [{**WORKER_HOUSEKEEPING, **WORKER_MEMORY}]
+    assert spills == [(False, False)]  # the worker's memory manager never writes to disk
+    assert steals is False  # tasks stay where lshdist placed them
     # the driver's config is as it was
     assert {k: dask.config.get(k) for k in DASK_HOUSEKEEPING} == before

@@ -244,7 +244,11 @@ def test_image_dask_config_sets_the_worker_malloc():
         got = worker_pre_spawn_env()
     assert {k: got[k] for k in WORKER_MALLOC} == WORKER_MALLOC and got["OMP_NUM_THREADS"] == "1"
     # and the quieter housekeeping of lshdist's LocalCluster workers
-    from lshdist.cluster.client import WORKER_HOUSEKEEPING
+    from lshdist.cluster.client import SCHEDULER_PLACEMENT, WORKER_HOUSEKEEPING, WORKER_MEMORY
 
     flat = {k: dask.config.get(k, config=cfg) for k in WORKER_HOUSEKEEPING}
     assert flat == WORKER_HOUSEKEEPING
+    # and no spilling to disk (Dask spills with pickle)
+    assert {k: dask.config.get(k, config=cfg) for k in WORKER_MEMORY} == WORKER_MEMORY
+    # and tasks stay where lshdist placed them (read by the scheduler's process)
+    assert {k: dask.config.get(k, config=cfg) for k in SCHEDULER_PLACEMENT} == SCHEDULER_PLACEMENT

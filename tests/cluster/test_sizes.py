@@ -1,0 +1,80 @@
+"""Dask knows what lshdist's objects weigh (`lshdist.cluster.sizes`): a segment is its arrays,
+not the 56 bytes of `sys.getsizeof`, so that work stealing does not move it as if it were free."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from dask.sizeof import sizeof
+
+from lshdist.cluster import tasks
+from lshdist.cluster.client import dask_client
+from lshdist.cluster.sizes import held_bytes
+from lshdist.index.permutation import PackedSegment
+
+
+def _arrays(seg):
+    return [seg.codes_, seg.positions_, seg.sorted_prefix_, seg.sorted_rows_, seg.ids_,
+            *seg.payload_.arrays().values()]
+
+
+def _fit(job, lists=8, shards=(0, 2)):
+    family = tasks.load_family(str(job / "model"), 64, 0, True)
+    return tasks.fit_segment(str(job / "train-a"), shards, family, lists, None, 0), family
+
+
+def test_a_segment_weighs_its_arrays(letter_job):
+    seg, family = _fit(letter_job)
+    arrays = sum(a.nbytes for a in _arrays(seg))
+    assert arrays > 500_000  # 4,000 rows: keys, 8 lists and their prefixes, the re-rank rows
+    # every array once, plus the attributes' few small scalars
+    assert arrays <= sizeof(seg) <= arrays + 10_000
+    assert sizeof(seg) == held_bytes(seg)
+    # the hash family carries the metric's matrices and the hash coefficients
+    assert sizeof(family) >= family.metric.G.nbytes + 64 * 16 * 4
+    # the same arrays in a packed segment and in a tuple are counted once
+    assert sizeof(PackedSegment([seg, seg])) == held_bytes(seg) + held_bytes([])
+    # a truncated segment (views of the lists) weighs what it would copy
+    few = seg.truncated(2)
+    assert sizeof(few) == sizeof(seg) - 6 * (seg.sorted_prefix_[0].nbytes
+                                             + seg.sorted_rows_[0].nbytes
+                                             + seg.positions_[0].nbytes)
+
+
+def test_held_bytes_walks_containers_views_and_sparse_rows():
+    a = np.zeros((100, 10))
+    assert held_bytes([a, a, {"x": a}]) == a.nbytes + held_bytes([]) + held_bytes({})
+    assert held_bytes(a[:10]) == a[:10].nbytes
+    m = sp.random(50, 40, density=0.1, format="csr", random_state=0)
+    assert held_bytes(m) >= m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+
+
+def _fitted_weight(obj):
+    return held_bytes(obj)
+
+
+def _scheduler_bytes(dask_scheduler, key):
+    return dask_scheduler.tasks[key].nbytes
+
+
+def _check_scheduler_knows(client, letter_job):
+    family_f = client.submit(tasks.load_family, str(letter_job / "model"), 64, 0, True)
+    fit = client.submit(tasks.fit_segment, str(letter_job / "train-a"), (0, 2), family_f, 8,
+                        None, 0)
+    weight = client.submit(_fitted_weight, fit).result()
+    known = client.run_on_scheduler(_scheduler_bytes, key=fit.key)
+    assert weight > 500_000 and known == weight
+    # (a family caches arrays at its first use: sized when it was made, not the 56 bytes of
+    # `sys.getsizeof`)
+    assert client.run_on_scheduler(_scheduler_bytes, key=family_f.key) > 16 * 16 * 8
+
+
+def test_the_scheduler_knows_a_fitted_segments_weight(letter_job):
+    with dask_client(workers=1, processes=False) as client:
+        _check_scheduler_knows(client, letter_job)
+
+
+@pytest.mark.cluster
+def test_worker_processes_size_segments_too(letter_job):
+    # a spawned worker registers the sizes when it first imports lshdist.cluster
+    with dask_client(workers=1) as client:
+        _check_scheduler_knows(client, letter_job)
