@@ -605,6 +605,23 @@ def scan_thresholds(D, k, kk, offset, slack, rel, cap):
 
 
 @njit(cache=True, nogil=True)
+def count_within(D, thr):
+    """How many entries of each row of ``D`` are at most ``thr[q]``, int64 (Q,) (the same
+    test as `rows_within`)."""
+    Q, N = D.shape
+    counts = np.zeros(Q, dtype=np.int64)
+    for q in range(Q):
+        row = D[q]
+        t_q = thr[q]
+        c = 0
+        for j in range(N):
+            if np.float64(row[j]) <= t_q:
+                c += 1
+        counts[q] = c
+    return counts
+
+
+@njit(cache=True, nogil=True)
 def rows_within(D, thr, total):
     """The columns of each row of ``D`` whose score is at most ``thr[q]``, ascending, as CSR:
     ``(offsets int64 (Q+1,), rows int64 (total,))`` (``total``: their number, from
