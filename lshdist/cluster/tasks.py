@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +124,7 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
     part's list count, and for the part calibration times (`calibrated_part`; None for the
     others) the scan's seconds per query — the scan `calibrate` would otherwise run again:
     the input of `lshdist.index.calibrate.merged_relevance`."""
-    from lshdist.index.calibrate import _best_of
+    from lshdist.index.calibrate import exact_truth
     from lshdist.index.scan import scan_topk
 
     rows, _ = sample
@@ -134,14 +133,11 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
     timed = calibrated_part(segment)
     for i, part in enumerate(parts_of(segment)):
         m = min(k + 1, len(part))
-        t0 = time.perf_counter()
-        D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_)
         spq = None
-        if i == timed:
-            def again(p: PermutationIndex = part, mm: int = m) -> None:
-                scan_topk(p.payload_, qpayload, mm)
-
-            spq = _best_of(time.perf_counter() - t0, again, time.perf_counter) / max(len(D), 1)
+        if i == timed:  # the truth, and the scan timed as a "scan" search runs it
+            D, I, spq = exact_truth(part.payload_, qpayload, m, ids=part.ids_)
+        else:
+            D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_, prune=True)
         pad = k + 1 - m
         out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
                     np.pad(I, ((0, 0), (0, pad)), constant_values=-1),

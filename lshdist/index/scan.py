@@ -44,7 +44,8 @@ _PRUNE_MAX_SHARE = 0.2
 
 
 def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = None,
-              block: int = 1024, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+              block: int = 1024, n_threads: int = 1, prune: bool = False
+              ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of every query against every database row.
 
     The payload's scores (`RerankPayload.distances`, a float32 product for dense rows) pick
@@ -53,6 +54,11 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     k + 16 best scores) — so the answer is the re-rank's top k over all rows, whatever the
     data's offset or spread.
 
+    ``prune``: rule most rows out first by a lower bound where that pays (`pruned`,
+    `_pruned`) — the same answer.  The calibration's truth prunes; the "scan" search mode
+    does not (its speed is what the calibration times against the hashed search, on a sample
+    too small for the bound to pay: `lshdist.index.calibrate.exact_truth`).
+
     Returns ``(distances float32 (Q, k), ids int64 (Q, k))``, ascending, ties by id (by row
     when ``ids`` is None).
     """
@@ -60,8 +66,7 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     N, Q = len(payload), len(qpayload)
     tiebreak = np.arange(N, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
     proj = (payload.projection(PRUNE_RANK)
-            if isinstance(payload, DensePayload) and prunes(N, Q, payload.Z.shape[1], k)
-            else None)
+            if prune and isinstance(payload, DensePayload) and pruned(payload, Q, k) else None)
     if proj is not None:
         block = min(block, _PRUNE_BLOCK)
     starts = list(range(0, Q, block))
@@ -104,6 +109,13 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     if ids is not None:
         rows = np.where(rows >= 0, np.asarray(ids)[np.maximum(rows, 0)], -1)
     return dist, rows
+
+
+def pruned(payload: RerankPayload, n_queries: int, k: int) -> bool:
+    """Whether `scan_topk` with ``prune`` rules rows out by the lower bound for ``n_queries``
+    queries against ``payload`` (dense rows that `prunes`)."""
+    return isinstance(payload, DensePayload) and prunes(len(payload), n_queries,
+                                                        int(payload.Z.shape[1]), k)
 
 
 def prunes(n_rows: int, n_queries: int, d: int, k: int) -> bool:

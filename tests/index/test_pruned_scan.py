@@ -12,9 +12,7 @@ from lshdist.index.scan import PRUNE_RANK, prunes, scan_topk
 
 def _both(monkeypatch, Z, Q, k, ids=None, n_threads=1):
     """(full scan, pruned scan, how many blocks fell back to the full scan)."""
-    with monkeypatch.context() as m:
-        m.setattr(scan, "prunes", lambda *a: False)
-        full = scan_topk(DensePayload(Z), DensePayload(Q), k, ids=ids, n_threads=n_threads)
+    full = scan_topk(DensePayload(Z), DensePayload(Q), k, ids=ids, n_threads=n_threads)
     fallbacks = []
     real = scan._pruned
 
@@ -25,7 +23,8 @@ def _both(monkeypatch, Z, Q, k, ids=None, n_threads=1):
 
     with monkeypatch.context() as m:
         m.setattr(scan, "_pruned", spy)
-        pruned = scan_topk(DensePayload(Z), DensePayload(Q), k, ids=ids, n_threads=n_threads)
+        pruned = scan_topk(DensePayload(Z), DensePayload(Q), k, ids=ids, n_threads=n_threads,
+                           prune=True)
     assert fallbacks, "the pruned path was not taken"
     return full, pruned, sum(fallbacks)
 
@@ -55,6 +54,7 @@ def test_the_bound_holds_and_prunes_real_images(fashion):
     p = DensePayload(Z)
     proj = p.projection(PRUNE_RANK)
     S, offset, slack, rel = p.lower_bounds(DensePayload(Q), proj)
+    assert 0 < rel < 1e-4  # the re-rank's relative rounding (d + 2 float32 operations)
     Q64, Z64 = Q.astype(np.float64), Z.astype(np.float64)  # float64: ~1e-16 of the norms
     exact = (Q64 ** 2).sum(1)[:, None] - 2 * Q64 @ Z64.T + (Z64 ** 2).sum(1)[None, :]
     low = S.astype(np.float64) + offset[:, None] - slack[:, None]
@@ -95,3 +95,32 @@ def test_data_the_bound_cannot_prune_falls_back_to_the_full_scan(monkeypatch):
     assert fell == 4  # 1,000 queries: four blocks of at most 256, each fell back
     np.testing.assert_array_equal(i1, i0)
     np.testing.assert_array_equal(d1, d0)
+
+
+def test_the_calibrations_truth_prunes_and_times_the_scan_a_search_runs(monkeypatch, fashion):
+    from lshdist.index import calibrate
+    from lshdist.index.calibrate import TIMED_QUERIES, exact_truth
+
+    Xtr, _, Xte, _ = fashion
+    Z = DensePayload(np.asarray(Xtr[:8_000], dtype=np.float32))
+    Q = DensePayload(np.asarray(Xte[:700], dtype=np.float32))
+    calls = []
+    real = calibrate.scan_topk
+
+    def spy(payload, qpayload, k, **kw):
+        calls.append((len(qpayload), kw.get("prune", False)))
+        return real(payload, qpayload, k, **kw)
+
+    monkeypatch.setattr(calibrate, "scan_topk", spy)
+    D, ids, spq = exact_truth(Z, Q, 11)
+    d0, i0 = scan_topk(Z, Q, 11)
+    np.testing.assert_array_equal(ids, i0)
+    np.testing.assert_array_equal(D, d0)
+    # the truth pruned over all 700; the scan timed unpruned on the first TIMED_QUERIES
+    assert calls[0] == (700, True)
+    assert all(c == (TIMED_QUERIES, False) for c in calls[1:]) and len(calls) >= 2
+    assert spq > 0
+    # a sample too small for the bound to pay: one run, the truth's own time
+    calls.clear()
+    exact_truth(Z, Q.take(slice(0, 150)), 11)
+    assert calls[0] == (150, True) and all(c == (150, False) for c in calls[1:])
