@@ -392,8 +392,14 @@ def slurm_cluster(cfg: ClusterConfig) -> Any:
                                       tls_scheduler_key=cfg.tls_key, tls_worker_cert=cfg.tls_cert,
                                       tls_worker_key=cfg.tls_key, require_encryption=True)
         kwargs["protocol"] = "tls://"
+    import dask
+
     try:
-        return SLURMCluster(**kwargs)
+        # its scheduler runs in this process: lshdist's placement (no work stealing), where
+        # the configuration still holds Dask's default
+        with dask.config.set({k: v for k, v in housekeeping_config().items()
+                              if k in SCHEDULER_PLACEMENT}):
+            return SLURMCluster(**kwargs)
     except (TypeError, ValueError) as exc:
         raise InputError(f"dask-jobqueue refused the SLURM settings ({exc}); check the "
                          "jobqueue.slurm section (deploy/slurm/jobqueue.yaml)") from None

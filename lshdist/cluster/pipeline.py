@@ -156,6 +156,27 @@ def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: 
     return fut
 
 
+def stalled_reason(futures: Any) -> str:
+    """Why a job may have stopped, for a stall's error: workers Dask has paused (their memory
+    past its pause threshold: lshdist's clusters do not spill to disk, so a worker whose
+    segments do not fit stays paused), from the client's last view of the scheduler (no call
+    that could itself wait on a frozen scheduler); else the generic advice."""
+    generic = ("the scheduler or the workers are stalled — check them, or raise "
+               "--stall-timeout")
+    try:
+        client = next(iter(futures)).client
+        workers = dict(getattr(client, "_scheduler_identity", {}).get("workers", {}))
+    except Exception:  # no future, or a client without that view: the generic advice
+        return generic
+    paused = sorted(a for a, w in workers.items() if w.get("status") == "paused")
+    if not paused:
+        return generic
+    return (f"worker(s) {', '.join(paused)} paused: their memory passed Dask's pause "
+            "threshold (distributed.worker.memory.pause of the memory limit), and lshdist does "
+            "not spill to disk — what they hold does not fit; run more workers (--workers), "
+            "give them more memory, or build smaller segments (--segment-rows)")
+
+
 def _progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
     """Yield futures as they finish, logging a progress bar; a job where no task finishes for
     ``stall`` seconds (a frozen scheduler or worker) fails with a `ClusterError`."""
@@ -167,8 +188,7 @@ def _progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
             done, pending = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
         except TimeoutError:
             raise ClusterError(f"{what}: no task finished for {stall:.0f}s ({len(pending)} of "
-                               f"{n} waiting); the scheduler or the workers are stalled — check "
-                               "them, or raise --stall-timeout") from None
+                               f"{n} waiting); {stalled_reason(pending)}") from None
         for f in done:
             k = n - len(pending)
             log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, "#" * (20 * k // n), k, n,
@@ -824,9 +844,8 @@ def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[
         try:
             finished, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
         except TimeoutError:
-            raise ClusterError(f"query: no chunk finished for {stall:.0f}s; the scheduler or "
-                               "the workers are stalled — check them, or raise "
-                               "--stall-timeout") from None
+            raise ClusterError(f"query: no chunk finished for {stall:.0f}s; "
+                               f"{stalled_reason(held)}") from None
         for w in finished:
             done(w)
             client.cancel(held.pop(w))  # release the chunk's encoded queries and partials

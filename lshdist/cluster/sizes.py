@@ -77,7 +77,15 @@ def _register() -> None:
 def register() -> None:
     """Size lshdist objects by `held_bytes` in this process (lazily: the classes are imported
     when Dask first sizes an object of an lshdist module).  Called when `lshdist.cluster` is
-    imported — which a worker does before it runs any of lshdist's tasks."""
+    imported — which a worker does before it runs any of lshdist's tasks.  A worker may have
+    sized an lshdist object before (data replicated to it first): Dask cached the default for
+    that class, and the cache is cleared here so that the lazy registration applies to it."""
     from dask.sizeof import sizeof
 
     sizeof.register_lazy("lshdist", _register)  # type: ignore[no-untyped-call]
+    for cls in [c for c in sizeof._lookup if _ours(c)]:
+        del sizeof._lookup[cls]
+
+
+def _ours(cls: Any) -> bool:
+    return str(getattr(cls, "__module__", "")).partition(".")[0] == "lshdist"

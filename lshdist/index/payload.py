@@ -317,7 +317,8 @@ class DensePayload:
         ``T = s (|q - c| + max |z - c|)`` the squared norm of the difference is within
         ``(2 sqrt(r) g + r g^2) T^2`` (g = ``gamma_(d+1)``), and its product form over r
         terms within ``2 gamma_(r+3) (1 + sqrt(r) g)^2 T^2``; the slack is twice their sum,
-        plus ``(4 r + 16) 2^-149`` for underflow."""
+        plus ``(4 d + 4 r + 16) 2^-149`` for underflow (the products', and the re-rank's d
+        squares whose distance the caller compares the bound with)."""
         Qp = (query.Z - proj.c) @ proj.P.T
         Q, N = len(Qp), len(proj.Zp)
         S: np.ndarray = np.empty((Q, N), np.float32) if out is None else out[:Q, :N]
@@ -330,7 +331,7 @@ class DensePayload:
         g = gamma(d + 1, U32)
         rt = float(np.sqrt(r))
         slack = 2.0 * ((2.0 * rt * g + r * g * g) + 2.0 * gamma(r + 3, U32) * (1.0 + rt * g) ** 2
-                       ) * T2 + (4 * r + 16) * TINY32
+                       ) * T2 + (4 * d + 4 * r + 16) * TINY32
         qp64 = Qp.astype(np.float64)
         return S, np.einsum("ij,ij->i", qp64, qp64), slack, gamma(d + 2, U32)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from lshdist._kernels.search import count_within, rows_within, scan_thresholds
+from lshdist.errors import InputError
 from lshdist.index.payload import DensePayload, Projection
 from lshdist.limits import one_blas_thread
 from lshdist.validation import check_k
@@ -146,7 +147,11 @@ def _pruned(payload: DensePayload, proj: Projection, qp: DensePayload, k: int,
     zero = np.zeros(Q)
     _, _, buf = scan_thresholds(bounds, kk, kk, zero, zero, 0.0, kk)  # the kk smallest bounds
     first = np.arange(Q + 1, dtype=np.int64) * kk
-    d0, _ = payload.rerank(first, np.ascontiguousarray(buf[:, :kk]).ravel(), qp, k, tiebreak)
+    try:
+        d0, _ = payload.rerank(first, np.ascontiguousarray(buf[:, :kk]).ravel(), qp, k,
+                               tiebreak)
+    except InputError:  # a distance among these rows overflowed: the full scan decides
+        return None
     tau = d0[:, min(k, N) - 1].astype(np.float64)
     if not np.all(np.isfinite(tau)):
         return None

@@ -78,3 +78,33 @@ def test_worker_processes_size_segments_too(letter_job):
     # a spawned worker registers the sizes when it first imports lshdist.cluster
     with dask_client(workers=1) as client:
         _check_scheduler_knows(client, letter_job)
+
+
+def test_a_default_size_cached_before_registration_is_replaced(letter_job):
+    # a worker that sized an lshdist object (data replicated to it) before it imported
+    # lshdist.cluster: Dask cached sys.getsizeof for the class; registering clears that
+    from dask.sizeof import sizeof as dispatch
+
+    from lshdist.cluster.sizes import register
+
+    family = tasks.load_family(str(letter_job / "model"), 64, 0, True)
+    dispatch._lookup[type(family)] = dispatch._lookup[object]  # what Dask would have cached
+    assert sizeof(family) < 1_000
+    register()
+    assert sizeof(family) == held_bytes(family) > 16 * 16 * 8
+
+
+def test_a_stall_names_the_paused_workers():
+    from types import SimpleNamespace
+
+    from lshdist.cluster.pipeline import stalled_reason
+
+    def future(workers):
+        return SimpleNamespace(client=SimpleNamespace(_scheduler_identity={"workers": workers}))
+
+    msg = stalled_reason([future({"tcp://a:1": {"status": "paused"},
+                                  "tcp://b:2": {"status": "running"}})])
+    assert "tcp://a:1" in msg and "tcp://b:2" not in msg
+    assert "does not spill to disk" in msg and "--workers" in msg
+    assert "stalled" in stalled_reason([future({"tcp://b:2": {"status": "running"}})])
+    assert "stalled" in stalled_reason([])

@@ -97,8 +97,10 @@ def test_slurm_job_script():
     cluster = slurm_cluster(cfg)
     try:
         script = cluster.job_script()
+        steals = "stealing" in cluster.scheduler.extensions  # its scheduler: this process
     finally:
         cluster.close()
+    assert not steals  # lshdist places every task beside its data (SCHEDULER_PLACEMENT)
     print("\n" + script)
     assert "#SBATCH -J lshdist-worker" in script
     assert "#SBATCH --cpus-per-task=1" in script

@@ -124,3 +124,36 @@ def test_the_calibrations_truth_prunes_and_times_the_scan_a_search_runs(monkeypa
     calls.clear()
     exact_truth(Z, Q.take(slice(0, 150)), 11)
     assert calls[0] == (150, True) and all(c == (150, False) for c in calls[1:])
+
+
+@pytest.mark.parametrize("offset", [0.0, 4096.0])
+def test_rows_in_few_directions_where_the_bound_is_the_distance(monkeypatch, offset):
+    # integer rows spanning 40 directions of 400: the 64 principal directions hold all of
+    # every distance, the bound equals it up to rounding, and many rows tie — the margins
+    # (the basis's stretch, the re-rank's rounding, the slack) decide which rows are kept
+    rng = np.random.default_rng(5)
+    B = rng.integers(0, 2, size=(40, 400)).astype(np.float32)
+    A = rng.integers(0, 3, size=(3_000, 40)).astype(np.float32)
+    Z = A @ B + np.float32(offset)  # small integers: exact in float32
+    Q = rng.integers(0, 3, size=(1_200, 40)).astype(np.float32) @ B + np.float32(offset)
+    ids = rng.permutation(len(Z)).astype(np.int64)
+    (d0, i0), (d1, i1), fell = _both(monkeypatch, Z, Q, 9, ids=ids)
+    assert fell == 0
+    np.testing.assert_array_equal(i1, i0)
+    np.testing.assert_array_equal(d1, d0)
+
+
+def test_an_overflowing_distance_leaves_the_decision_to_the_full_scan(monkeypatch, fashion):
+    # rows whose squared distances overflow float32 among the best-bounded ones: the pruned
+    # path gives the block back and the full scan answers (or refuses) as it always did
+    Xtr, _, Xte, _ = fashion
+    Z = np.asarray(Xtr[:3_000], dtype=np.float32)
+    Z[:5] *= np.float32(1e17)
+    Q = np.asarray(Xte[:600], dtype=np.float32)
+    calls = []
+    real = scan._pruned
+    monkeypatch.setattr(scan, "_pruned", lambda *a, **kw: calls.append(real(*a, **kw)))
+    with pytest.raises(Exception) as full:
+        scan_topk(DensePayload(Z), DensePayload(Q), 5)
+    with pytest.raises(type(full.value)):
+        scan_topk(DensePayload(Z), DensePayload(Q), 5, prune=True)
