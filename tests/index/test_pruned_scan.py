@@ -147,7 +147,7 @@ def test_an_overflowing_distance_leaves_the_decision_to_the_full_scan(monkeypatc
     # rows whose squared distances overflow float32 among the best-bounded ones: the pruned
     # path gives the block back and the full scan answers (or refuses) as it always did
     Xtr, _, Xte, _ = fashion
-    Z = np.asarray(Xtr[:3_000], dtype=np.float32)
+    Z = np.array(Xtr[:3_000], dtype=np.float32)  # a copy: the fixture is shared
     Z[:5] *= np.float32(1e17)
     Q = np.asarray(Xte[:600], dtype=np.float32)
     calls = []
