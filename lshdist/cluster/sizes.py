@@ -37,10 +37,12 @@ def held_bytes(obj: Any) -> int:
             stack.extend(o)
         elif isinstance(o, dict):
             stack.extend(o.values())
-        elif type(o).__module__.startswith(_WALKED) and _attributes(o) is not None:
-            stack.extend(_attributes(o) or ())
         else:
-            total += sys.getsizeof(o)
+            inner = _attributes(o) if type(o).__module__.startswith(_WALKED) else None
+            if inner is None:
+                total += sys.getsizeof(o)
+            else:
+                stack.extend(inner)
     return total
 
 

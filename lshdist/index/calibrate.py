@@ -32,7 +32,7 @@ from lshdist._kernels.search import candidate_hamming, candidate_recall_grid
 from lshdist.blocks import row_ranges
 from lshdist.errors import FormatError, InputError
 from lshdist.index.permutation import PermutationIndex
-from lshdist.index.scan import scan_topk
+from lshdist.index.scan import scan_topk, will_prune
 
 if TYPE_CHECKING:
     from lshdist.protocols import RerankPayload
@@ -508,14 +508,12 @@ def exact_truth(payload: RerankPayload, qpayload: RerankPayload, m: int, *,
     query of the exact scan a search in "scan" mode runs (the full product, not pruned): the
     truth's own run when it was not pruned, else a run on the first `TIMED_QUERIES` queries;
     the fastest of repeats (`_best_of`)."""
-    from lshdist.index.scan import pruned
-
     Q = len(qpayload)
     t0 = timer()
     D, I = scan_topk(payload, qpayload, m, ids=ids, prune=True)
     first = timer() - t0
     timed = qpayload
-    if pruned(payload, Q, m):
+    if will_prune(payload, Q, m):
         timed = qpayload.take(slice(0, min(Q, TIMED_QUERIES)))
         t0 = timer()
         scan_topk(payload, timed, m)

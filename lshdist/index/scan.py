@@ -55,7 +55,7 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     k + 16 best scores) — so the answer is the re-rank's top k over all rows, whatever the
     data's offset or spread.
 
-    ``prune``: rule most rows out first by a lower bound where that pays (`pruned`,
+    ``prune``: rule most rows out first by a lower bound where that pays (`will_prune`,
     `_pruned`) — the same answer.  The calibration's truth prunes; the "scan" search mode
     does not (its speed is what the calibration times against the hashed search, on a sample
     too small for the bound to pay: `lshdist.index.calibrate.exact_truth`).
@@ -67,7 +67,8 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     N, Q = len(payload), len(qpayload)
     tiebreak = np.arange(N, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
     proj = (payload.projection(PRUNE_RANK)
-            if prune and isinstance(payload, DensePayload) and pruned(payload, Q, k) else None)
+            if prune and isinstance(payload, DensePayload) and will_prune(payload, Q, k)
+            else None)
     if proj is not None:
         block = min(block, _PRUNE_BLOCK)
     starts = list(range(0, Q, block))
@@ -112,7 +113,7 @@ def scan_topk(payload: _P, qpayload: _P, k: int, *, ids: np.ndarray | None = Non
     return dist, rows
 
 
-def pruned(payload: RerankPayload, n_queries: int, k: int) -> bool:
+def will_prune(payload: RerankPayload, n_queries: int, k: int) -> bool:
     """Whether `scan_topk` with ``prune`` rules rows out by the lower bound for ``n_queries``
     queries against ``payload`` (dense rows that `prunes`)."""
     return isinstance(payload, DensePayload) and prunes(len(payload), n_queries,
