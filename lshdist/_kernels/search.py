@@ -364,6 +364,100 @@ def grid_scale(lo, z_max, g_max):
     return z_max + np.sqrt(lo_norm) + g_max
 
 
+@njit(cache=True, nogil=True)
+def exact_grid(Z, lo, hi):
+    """Whether float32 rows ``Z`` (N, d) are exactly ``lo + g u`` for one unit ``g`` and uint8
+    ``u`` (pixels, counts and their power-of-two multiples): ``(ok, g, U)`` with ``U`` uint8
+    (N, d) when ok (else an empty array).  ``lo``, ``hi``: `column_bounds` of ``Z``.
+
+    ``g`` is the smallest positive step above a column's minimum (1 for constant columns).
+    Accepted only if every column spans at most 255 units and, for every entry, ``g u`` and
+    ``lo + g u`` are float32 numbers (so float32 arithmetic in any order, fused or not,
+    rebuilds the entry exactly: `grid_row`) and the sum is the entry.  Rows off such a grid
+    fail at their first entry below 1/255 of the widest column's span (real-valued rows
+    within microseconds)."""
+    N, d = Z.shape
+    span = 0.0
+    for j in range(d):
+        span = max(span, np.float64(hi[j]) - np.float64(lo[j]))
+    floor = span / 255.0
+    g = np.inf
+    for r in range(N):
+        for j in range(d):
+            t = np.float64(Z[r, j]) - np.float64(lo[j])
+            if t > 0.0 and t < g:
+                if t < floor:
+                    return False, g, np.empty((0, d), dtype=np.uint8)
+                g = t
+    if not np.isfinite(g):
+        g = 1.0
+    if np.float64(np.float32(g)) != g:
+        return False, g, np.empty((0, d), dtype=np.uint8)
+    U = np.empty((N, d), dtype=np.uint8)
+    for r in range(N):
+        for j in range(d):
+            l64 = np.float64(lo[j])
+            z = np.float64(Z[r, j])
+            u = np.floor((z - l64) / g + 0.5)
+            p = g * u  # exact in float64: a 24-bit g times an 8-bit u
+            s = l64 + p
+            if (u > 255.0 or np.float64(np.float32(p)) != p or np.float64(np.float32(s)) != s
+                    or s != z):
+                return False, g, np.empty((0, d), dtype=np.uint8)
+            U[r, j] = np.uint8(u)
+    return True, g, U
+
+
+@njit(cache=True, nogil=True)
+def grid_row(U, lo, step, r, out):
+    """Row ``r`` of an exact grid (`exact_grid`) into float32 ``out`` (d,): ``lo + step u``,
+    each entry the stored float32 number exactly."""
+    for j in range(out.shape[0]):
+        out[j] = lo[j] + step[j] * np.float32(U[r, j])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def grid_rows(U, lo, step, start, stop, out):
+    """Rows ``start:stop`` of an exact grid into ``out`` float32 (stop - start, d)."""
+    for r in range(start, stop):
+        grid_row(U, lo, step, r, out[r - start])
+
+
+@njit(cache=True, nogil=True)
+def grid_norms(U, lo, step):
+    """``(exact, max ||z||, max ||step u||)`` in float64 over the rows ``z = lo + step u`` of
+    a grid (`quantize_rows`' scale terms, for a payload held on its exact grid); ``exact``:
+    whether every ``step u`` and ``lo + step u`` is a float32 number (`exact_grid`'s test)."""
+    N, d = U.shape
+    z_max = 0.0
+    g_max = 0.0
+    exact = True
+    for r in range(N):
+        zn = 0.0
+        gn = 0.0
+        for j in range(d):
+            g = np.float64(step[j]) * np.float64(U[r, j])
+            z = np.float64(lo[j]) + g
+            if np.float64(np.float32(g)) != g or np.float64(np.float32(z)) != z:
+                exact = False
+            zn += z * z
+            gn += g * g
+        z_max = max(z_max, np.sqrt(zn))
+        g_max = max(g_max, np.sqrt(gn))
+    return exact, z_max, g_max
+
+
+@njit(cache=True, nogil=True)
+def _exact_sq(Z, U, lo, step, row, zq, buf):
+    """`_sq_dist_f32` of database row ``row`` and ``zq``: from ``Z``, or, for a payload held
+    only on its exact grid (``Z`` of no rows), from the row rebuilt into ``buf`` — the same
+    float32 numbers, so the same result bit for bit."""
+    if Z.shape[0] == 0:
+        return _sq_dist_f32(grid_row(U, lo, step, row, buf), zq)
+    return _sq_dist_f32(Z[row], zq)
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _grid_dists(a, step, U, r, out):
     """``out[t] = ||a - step u_{r[t]}||^2`` in float32, four rows per pass over the columns so
@@ -422,7 +516,9 @@ def rerank_dense_quantized(offsets, rows, Z, Zq, k, tiebreak, lo, step, U, err, 
     `rerank_dense`); every other one is farther than k candidates that do, so it cannot be in
     the top k, ties included.  The result is bit-for-bit `rerank_dense`'s.
 
-    lo, step, U, err, scale : `quantize_rows` of Z.
+    lo, step, U, err, scale : `quantize_rows` of Z.  ``Z`` of no rows: the payload is held
+    only on its exact grid (`exact_grid`; ``err`` zero), from which the exact pass rebuilds
+    each row it reads.
     Returns (float32 (Q, k), int64 (Q, k)) as `rerank_dense`, and int64 (Q,) the candidates
     whose exact distance was computed.
     """
@@ -432,6 +528,8 @@ def rerank_dense_quantized(offsets, rows, Z, Zq, k, tiebreak, lo, step, U, err, 
     exact = np.zeros(Q, dtype=np.int64)
     a = np.empty(d, dtype=np.float32)
     grid = np.empty(rows.shape[0], dtype=np.float32)
+    buf = np.empty(d, dtype=np.float32)
+    held = Z.shape[0] > 0
     u32 = 2.0 ** -24
     for q in range(Q):
         lo_q, hi_q = offsets[q], offsets[q + 1]
@@ -441,7 +539,7 @@ def rerank_dense_quantized(offsets, rows, Z, Zq, k, tiebreak, lo, step, U, err, 
         if n <= 4 * k:
             dist = np.empty(n)
             for t in range(n):
-                dist[t] = _sq_dist_f32(Z[r[t]], zq)
+                dist[t] = _exact_sq(Z, U, lo, step, r[t], zq, buf)
             exact[q] = n
             _topk(dist, r, k, out_d, out_r, q, tiebreak)
             continue
@@ -465,14 +563,15 @@ def rerank_dense_quantized(offsets, rows, Z, Zq, k, tiebreak, lo, step, U, err, 
         for t in range(n):
             if low[t] <= kth:
                 m += 1
-                _prefetch_row(Z[r[t]])  # the exact pass's float32 rows, all in flight at once
+                if held:  # the exact pass's float32 rows, all in flight at once
+                    _prefetch_row(Z[r[t]])
         sel_rows = np.empty(m, dtype=rows.dtype)
         dist = np.empty(m)
         m = 0
         for t in range(n):
             if low[t] <= kth:
                 sel_rows[m] = r[t]
-                dist[m] = _sq_dist_f32(Z[r[t]], zq)
+                dist[m] = _exact_sq(Z, U, lo, step, r[t], zq, buf)
                 m += 1
         exact[q] = m
         _topk(dist, sel_rows, k, out_d, out_r, q, tiebreak)

@@ -10,6 +10,7 @@ import numpy as np
 from lshdist.embed.dataset import open_data
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
+from lshdist.index.payload import DensePayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
@@ -184,8 +185,12 @@ def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
 
 def truncated(index: PermutationIndex, lists: int) -> PermutationIndex:
     """The fitted segment with its first ``lists`` lists — what `write_fitted` stores — kept in
-    worker memory (views of the fitted arrays, no copy)."""
-    return index.truncated(min(lists, index.n_permutations_))
+    worker memory (views of the fitted arrays, no copy; rows on an exact uint8 grid are kept
+    on it alone, `DensePayload.compact`, the float32 rows freed with the fitted segment)."""
+    out = index.truncated(min(lists, index.n_permutations_))
+    if isinstance(out.payload_, DensePayload):
+        out.payload_ = out.payload_.compact()
+    return out
 
 
 def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
@@ -248,7 +253,6 @@ def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str
     of the index's calibration; None where the payload cannot serve as queries (kernel
     payloads: their query side holds other arrays)."""
     from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, calibrate, sample_rows
-    from lshdist.index.payload import DensePayload
 
     old = Calibration.from_json(manifest["calibration"])
     seg = max(parts_of(read_segment(index_dir, entry, manifest)), key=len)
@@ -258,7 +262,7 @@ def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str
     fixed = old.extra.get("fixed") or {}
     m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
     cal = calibrate(seg, qrows, np.ascontiguousarray(seg.codes_[qrows]),
-                    DensePayload(seg.payload_.Z[qrows]), k=old.k, target=old.target,
+                    DensePayload(seg.payload_.take(qrows).Z), k=old.k, target=old.target,
                     permutations=None if m is None else [min(int(m), seg.n_permutations_)],
                     windows=None if w is None else [int(w)],
                     hamming_keeps=None if h is None else [int(h)])

@@ -250,7 +250,8 @@ def test_consistent_state_searches_like_the_original():
 
 
 def test_payload_arrays_are_checked():
-    with pytest.raises(InputError, match=r"dense payload has arrays \['Z'\], got \['Y'\]"):
+    with pytest.raises(InputError, match=(r"dense payload has arrays \['Z'\] or "
+                                          r"\['U', 'lo', 'step'\], got \['Y'\]")):
         DensePayload.from_arrays({"Y": np.zeros((2, 2), np.float32)})
     with pytest.raises(InputError, match="'Z' must be 2-d float32, got 2-d float64"):
         DensePayload.from_arrays({"Z": np.zeros((2, 2))})

@@ -1,0 +1,153 @@
+"""Dense payloads on their exact uint8 grid: found, stored, read back and re-ranked from it.
+
+Rows that are ``lo + g u`` exactly (pixels, counts) are stored as uint8 and held that way after
+a load; every answer must be the float32 rows' bit for bit."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from lshdist._kernels.search import column_bounds, exact_grid, rerank_dense
+from lshdist.errors import FormatError, InputError
+from lshdist.index.payload import DensePayload
+from lshdist.index.scan import scan_topk
+
+
+def _grid(Z):
+    Z = np.ascontiguousarray(Z, dtype=np.float32)
+    return exact_grid(Z, *column_bounds(Z, 0, len(Z)))
+
+
+def test_exact_grid_finds_pixels_counts_and_their_power_of_two_multiples(fashion):
+    """Fashion-MNIST pixels: unit 1, U the pixels; the same times 2^-8 and shifted by -3.5:
+    unit 2^-8; integer counts with negative minima; constant columns.  Refused: real-valued
+    rows, a column spanning 256 units, a unit whose multiples are not float32 numbers
+    (0.3 u), integers beside one half-integer (no one unit but 0.5, then 511 units wide).
+    Bugs caught: the unit taken from one column, u past 255 wrapping in uint8, an inexact
+    g u accepted (rows rebuilt 1 ulp off)."""
+    X = fashion.X_train[:3_000].astype(np.float32)
+    ok, g, U = _grid(X)
+    assert ok and g == 1.0 and np.array_equal(U, X.astype(np.uint8))
+    ok, g, U = _grid(X * np.float32(2.0 ** -8) - np.float32(3.5))
+    assert ok and g == 2.0 ** -8 and np.array_equal(U, X.astype(np.uint8))
+    rng = np.random.default_rng(0)
+    C = rng.integers(-40, 200, size=(500, 30)).astype(np.float32)
+    C[:, 4] = 7.0
+    ok, g, U = _grid(C)
+    assert ok and g == 1.0 and np.array_equal(U.astype(np.float32) + C.min(0), C)
+    assert not _grid(rng.normal(size=(500, 30)))[0]
+    wide = C.copy()
+    wide[0, 2] = C[:, 2].min() + 256
+    assert not _grid(wide)[0]
+    assert not _grid(np.arange(256, dtype=np.float32)[:, None] * np.float32(0.3))[0]
+    half = np.ascontiguousarray(X[:500, :40] % 200)
+    half[3, 5] += np.float32(0.5)
+    assert not _grid(half)[0]
+
+
+def _candidates(rng, Q, N, n):
+    rows = np.concatenate([rng.permutation(N)[:n] for _ in range(Q)]).astype(np.int64)
+    return np.arange(0, Q * n + 1, n, dtype=np.int64), rows
+
+
+@pytest.mark.parametrize("n", [6, 40, 300])
+def test_payload_read_on_its_grid_answers_bit_for_bit_without_float_rows(fashion, n):
+    """A payload stored on its grid (`arrays` -> `from_arrays`) is held as uint8: re-ranks with
+    few and many candidates per query (the exact pass rebuilding rows) and a pickled copy give
+    `rerank_dense`'s answer on the float32 rows, and never make those rows; the in-memory
+    payload with the same rows answers the same through its own grid; the float32 rows come
+    back exactly when asked for.  Bugs caught: a rebuilt row rounded differently (ties or last
+    bits off), the few-candidates path reading the missing float rows, a pickle that
+    materialises them."""
+    rng = np.random.default_rng(n)
+    Z = np.ascontiguousarray(fashion.X_train[:4_000], dtype=np.float32)
+    Zq = DensePayload(fashion.X_test[:50].astype(np.float32))
+    ids = rng.permutation(10**6)[:4_000].astype(np.int64)
+    ids[7] = ids[8] - 1 if ids[8] > 0 else 1  # near ids for the duplicates below
+    Z[8] = Z[7]  # a duplicate row: an exact tie, broken by id
+    offsets, rows = _candidates(rng, 50, 4_000, n)
+    rows[:n][:2] = (7, 8)
+    want = rerank_dense(offsets, rows, Z, Zq.Z, 10, ids)
+    mem = DensePayload(Z)
+    stored = mem.arrays()
+    assert sorted(stored) == ["U", "lo", "step"] and stored["U"].dtype == np.uint8
+    held = DensePayload.from_arrays(stored)
+    assert held.held_on_grid and len(held) == 4_000 and held.shape == (4_000, 784)
+    for p in (held, mem, pickle.loads(pickle.dumps(held))):
+        got = p.rerank(offsets, rows, Zq, 10, ids)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert held.held_on_grid
+    part = held.take(np.array([5, 1, 9]))
+    assert part.held_on_grid and np.array_equal(part.Z, Z[[5, 1, 9]])
+    assert np.array_equal(held.Z, Z) and not held.held_on_grid
+
+
+def test_scan_of_a_payload_held_on_its_grid_is_the_float_scan(fashion):
+    """The exact scan (`scan_topk`, which needs float rows for its product) of a payload held
+    on its grid makes them and answers as the float payload does."""
+    Z = fashion.X_train[:3_000].astype(np.float32)
+    q = DensePayload(fashion.X_test[:40].astype(np.float32))
+    want = scan_topk(DensePayload(Z), q, 10)
+    held = DensePayload.from_arrays(DensePayload(Z).arrays())
+    got = scan_topk(held, q, 10)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_real_valued_rows_are_stored_as_floats():
+    Z = np.random.default_rng(1).normal(size=(200, 40)).astype(np.float32)
+    stored = DensePayload(Z).arrays()
+    assert list(stored) == ["Z"] and stored["Z"] is not None
+    assert not DensePayload.from_arrays(stored).held_on_grid
+
+
+def test_grid_arrays_are_checked():
+    U = np.zeros((3, 4), np.uint8)
+    lo, step = np.zeros(4, np.float32), np.ones(4, np.float32)
+    with pytest.raises(InputError, match="'U' must be 2-d uint8, got 2-d float32"):
+        DensePayload.from_arrays({"U": U.astype(np.float32), "lo": lo, "step": step})
+    with pytest.raises(InputError, match=r"U \(N, d\), lo \(d,\) and step \(d,\); got U "
+                                         r"\(3, 4\), lo \(3,\)"):
+        DensePayload.from_arrays({"U": U, "lo": lo[:3], "step": step})
+    with pytest.raises(InputError, match="not all float32 numbers"):
+        DensePayload.from_arrays({"U": U + 255, "lo": lo, "step": step * np.float32(0.3)})
+    with pytest.raises(InputError, match=r"arrays \['Z'\] or \['U', 'lo', 'step'\], got "
+                                         r"\['U', 'lo'\]"):
+        DensePayload.from_arrays({"U": U, "lo": lo})
+
+
+def test_a_segment_of_pixels_is_stored_and_searched_on_its_grid(fashion, tmp_path):
+    """`write_segment` of integer rows stores ``payload/{U,lo,step}`` (no ``payload/Z``; a
+    quarter of the payload's bytes on disk); `read_segment` verifies it and the loaded segment
+    searches as the fitted one, held on its grid throughout; a flipped byte of ``U`` is caught
+    by the checksum."""
+    from lshdist.index.permutation import PermutationIndex
+    from lshdist.store.index import new_segment_name, read_segment, segment_path, write_segment
+
+    rng = np.random.default_rng(3)
+    X = fashion.X_train[:2_000].astype(np.float32)
+    codes = rng.integers(0, 2**63, size=(2_000, 1), dtype=np.int64).astype(np.uint64)
+    ix = PermutationIndex(n_permutations=8, window=30, seed=1).fit(
+        codes, 64, DensePayload(X), np.arange(2_000, dtype=np.int64))
+    root = tmp_path / "idx"
+    (root / "segments").mkdir(parents=True)
+    name = new_segment_name()
+    entry = write_segment(root, name, ix)
+    path = segment_path(root, name)
+    assert sorted(p.name for p in (path / "payload").iterdir()) == ["U", "lo", "step", "zarr.json"]
+    manifest = {"bits": 64, "window": 30, "hamming_keep": 0, "seed": 1}
+    got = read_segment(root, entry, manifest)
+    assert got.payload_.held_on_grid
+    q = DensePayload(fashion.X_test[:30].astype(np.float32))
+    qcodes = rng.integers(0, 2**63, size=(30, 1), dtype=np.int64).astype(np.uint64)
+    want = ix.search(qcodes, q, 5)
+    have = got.search(qcodes, q, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(want[:2], have[:2], strict=True))
+    assert got.payload_.held_on_grid
+    chunk = next(p for p in (path / "payload" / "U").rglob("*") if p.is_file()
+                 and p.name != "zarr.json")
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=r"unreadable|checksum"):
+        read_segment(root, entry, manifest)
