@@ -405,6 +405,14 @@ def exact_grid(Z, lo, hi):
                     or s != z):
                 return False, g, np.empty((0, d), dtype=np.uint8)
             U[r, j] = np.uint8(u)
+    # the same test a load makes (`grid_norms`): every u up to a column's largest, not only
+    # those present
+    umax = np.zeros(d, dtype=np.uint8)
+    for r in range(N):
+        for j in range(d):
+            umax[j] = max(umax[j], U[r, j])
+    if not grid_table_exact(lo, np.full(d, np.float32(g)), umax):
+        return False, g, np.empty((0, d), dtype=np.uint8)
     return True, g, U
 
 
@@ -425,27 +433,49 @@ def grid_rows(U, lo, step, start, stop, out):
 
 
 @njit(cache=True, nogil=True)
-def grid_norms(U, lo, step):
-    """``(exact, max ||z||, max ||step u||)`` in float64 over the rows ``z = lo + step u`` of
-    a grid (`quantize_rows`' scale terms, for a payload held on its exact grid); ``exact``:
-    whether every ``step u`` and ``lo + step u`` is a float32 number (`exact_grid`'s test)."""
+def grid_table_exact(lo, step, umax):
+    """Whether ``step u`` and ``lo + step u`` are float32 numbers for every column j and every
+    ``u <= umax[j]`` (so float32 arithmetic in any order, fused or not, rebuilds them)."""
+    for j in range(lo.shape[0]):
+        l64 = np.float64(lo[j])
+        s64 = np.float64(step[j])
+        for u in range(np.int64(umax[j]) + 1):
+            p = s64 * u  # exact in float64: a 24-bit step times an 8-bit u
+            z = l64 + p
+            if np.float64(np.float32(p)) != p or np.float64(np.float32(z)) != z:
+                return False
+    return True
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _grid_norms_pass(U, lo, step, umax):
     N, d = U.shape
     z_max = 0.0
     g_max = 0.0
-    exact = True
     for r in range(N):
         zn = 0.0
         gn = 0.0
         for j in range(d):
-            g = np.float64(step[j]) * np.float64(U[r, j])
+            u = U[r, j]
+            umax[j] = max(umax[j], u)
+            g = np.float64(step[j]) * np.float64(u)
             z = np.float64(lo[j]) + g
-            if np.float64(np.float32(g)) != g or np.float64(np.float32(z)) != z:
-                exact = False
             zn += z * z
             gn += g * g
         z_max = max(z_max, np.sqrt(zn))
         g_max = max(g_max, np.sqrt(gn))
-    return exact, z_max, g_max
+    return z_max, g_max
+
+
+@njit(cache=True, nogil=True)
+def grid_norms(U, lo, step):
+    """``(exact, max ||z||, max ||step u||)`` in float64 over the rows ``z = lo + step u`` of
+    a grid (`quantize_rows`' scale terms, for a payload held on its exact grid; the norms'
+    float64 rounding is far below the float32 slack they feed); ``exact``: `grid_table_exact`
+    up to each column's largest u (`exact_grid`'s test)."""
+    umax = np.zeros(U.shape[1], dtype=np.uint8)
+    z_max, g_max = _grid_norms_pass(U, lo, step, umax)
+    return grid_table_exact(lo, step, umax), z_max, g_max
 
 
 @njit(cache=True, nogil=True)
