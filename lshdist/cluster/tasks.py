@@ -207,6 +207,8 @@ def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily)
     ds = open_data(queries_path, _metric(family).embedding)
     X = ds.read_rows(start, stop)
     codes, payload = encode(_metric(family), family, X, query=True)
+    if isinstance(payload, DensePayload):  # held in worker memory until every segment has
+        payload = payload.compact()        # searched it: on its uint8 grid where exact
     return codes, payload, ds.ids()[start:stop]
 
 

@@ -151,3 +151,27 @@ def test_a_segment_of_pixels_is_stored_and_searched_on_its_grid(fashion, tmp_pat
     chunk.write_bytes(bytes(raw))
     with pytest.raises(FormatError, match=r"unreadable|checksum"):
         read_segment(root, entry, manifest)
+
+
+def test_compact_keeps_pixels_on_their_grid_and_real_rows_as_they_are(fashion):
+    """`compact` (what `run`'s kept segments and the workers' query chunks hold): integer rows
+    come back held on their grid, a quarter of the bytes, answering the same; real-valued rows
+    are the same object."""
+    from lshdist.cluster.sizes import held_bytes
+
+    Z = fashion.X_train[:2_000].astype(np.float32)
+    p = DensePayload(Z)
+    c = p.compact()
+    assert c.held_on_grid and np.array_equal(c.Z, Z)
+    assert held_bytes(DensePayload(Z).compact()) < 0.3 * Z.nbytes
+    rng = np.random.default_rng(0)
+    offsets, rows = _candidates(rng, 20, 2_000, 100)
+    q = DensePayload(fashion.X_test[:20].astype(np.float32)).compact()
+    assert q.held_on_grid
+    want = p.rerank(offsets, rows, DensePayload(fashion.X_test[:20].astype(np.float32)), 5,
+                    np.arange(2_000))
+    got = DensePayload(Z).compact().rerank(offsets, rows, q.take(np.arange(20)), 5,
+                                           np.arange(2_000))
+    assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1])
+    R = DensePayload(rng.normal(size=(100, 40)))
+    assert R.compact() is R
