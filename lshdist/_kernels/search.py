@@ -371,9 +371,10 @@ def exact_grid(Z, lo, hi):
     (N, d) when ok (else an empty array).  ``lo``, ``hi``: `column_bounds` of ``Z``.
 
     ``g`` is the smallest positive step above a column's minimum (1 for constant columns).
-    Accepted only if every column spans at most 255 units and, for every entry, ``g u`` and
-    ``lo + g u`` are float32 numbers (so float32 arithmetic in any order, fused or not,
-    rebuilds the entry exactly: `grid_row`) and the sum is the entry.  Rows off such a grid
+    Accepted only if every entry is ``lo + g u`` with u at most 255 and ``g u`` and
+    ``lo + g u`` are float32 numbers for every u up to a column's largest
+    (`grid_table_exact`: float32 arithmetic in any order, fused or not, rebuilds the entry
+    exactly, `grid_row`).  Rows off such a grid
     fail at their first entry below 1/255 of the widest column's span (real-valued rows
     within microseconds)."""
     N, d = Z.shape
@@ -394,23 +395,18 @@ def exact_grid(Z, lo, hi):
     if np.float64(np.float32(g)) != g:
         return False, g, np.empty((0, d), dtype=np.uint8)
     U = np.empty((N, d), dtype=np.uint8)
+    umax = np.zeros(d, dtype=np.uint8)
     for r in range(N):
         for j in range(d):
             l64 = np.float64(lo[j])
             z = np.float64(Z[r, j])
             u = np.floor((z - l64) / g + 0.5)
-            p = g * u  # exact in float64: a 24-bit g times an 8-bit u
-            s = l64 + p
-            if (u > 255.0 or np.float64(np.float32(p)) != p or np.float64(np.float32(s)) != s
-                    or s != z):
+            if u > 255.0 or l64 + g * u != z:  # g u exact in float64 (24 bits times 8)
                 return False, g, np.empty((0, d), dtype=np.uint8)
             U[r, j] = np.uint8(u)
-    # the same test a load makes (`grid_norms`): every u up to a column's largest, not only
-    # those present
-    umax = np.zeros(d, dtype=np.uint8)
-    for r in range(N):
-        for j in range(d):
             umax[j] = max(umax[j], U[r, j])
+    # float32 arithmetic rebuilds every entry: the test a load makes (`grid_norms`), for every
+    # u up to a column's largest
     if not grid_table_exact(lo, np.full(d, np.float32(g)), umax):
         return False, g, np.empty((0, d), dtype=np.uint8)
     return True, g, U
@@ -426,10 +422,10 @@ def grid_row(U, lo, step, r, out):
 
 
 @njit(cache=True, nogil=True)
-def grid_rows(U, lo, step, start, stop, out):
-    """Rows ``start:stop`` of an exact grid into ``out`` float32 (stop - start, d)."""
-    for r in range(start, stop):
-        grid_row(U, lo, step, r, out[r - start])
+def grid_rows(U, lo, step, out):
+    """Every row of an exact grid into ``out`` float32 (N, d)."""
+    for r in range(U.shape[0]):
+        grid_row(U, lo, step, r, out[r])
 
 
 @njit(cache=True, nogil=True)

@@ -43,25 +43,47 @@ if TYPE_CHECKING:
 QUANTIZED_MIN_COLUMNS = 32
 
 
-def quantize_parallel(Z: np.ndarray, n_threads: int = 1
+def column_bounds_parallel(Z: np.ndarray, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """`lshdist._kernels.search.column_bounds` of all rows of ``Z``, in row ranges on
+    ``n_threads`` threads (min / max of the parts': the same arrays)."""
+    spans = row_ranges(len(Z), min(int(n_threads), len(Z) // 4096)) or [(0, len(Z))]
+    with ThreadPoolExecutor(len(spans)) as pool:
+        bounds = list(pool.map(lambda sp: column_bounds(Z, *sp), spans))
+    lo = np.min([b[0] for b in bounds], axis=0).astype(np.float32)
+    hi = np.max([b[1] for b in bounds], axis=0).astype(np.float32)
+    return lo, hi
+
+
+def quantize_parallel(Z: np.ndarray, n_threads: int = 1,
+                      bounds: tuple[np.ndarray, np.ndarray] | None = None
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """`lshdist._kernels.search.quantize_rows` of ``Z`` float32 (N, d), its row ranges on
     ``n_threads`` threads (each kernel is nogil): the same ``lo``, ``step``, ``U`` and ``err``
-    (tested), ``scale`` within an ulp.  The copy is made once per payload; on Fashion-MNIST's
+    (tested), ``scale`` within an ulp.  ``bounds``: `column_bounds_parallel` of ``Z`` when
+    the caller has them.  The copy is made once per payload; on Fashion-MNIST's
     60,000 rows it took 0.10 s on one thread."""
     N, d = Z.shape
+    lo, hi = bounds if bounds is not None else column_bounds_parallel(Z, n_threads)
     spans = row_ranges(N, min(int(n_threads), N // 4096)) or [(0, N)]
     U = np.zeros((N, d), dtype=np.uint8)
     err = np.zeros(N)
+    step, inv = grid_steps(lo, hi, N)
     with ThreadPoolExecutor(len(spans)) as pool:
-        bounds = list(pool.map(lambda sp: column_bounds(Z, *sp), spans))
-        lo = np.min([b[0] for b in bounds], axis=0).astype(np.float32)
-        hi = np.max([b[1] for b in bounds], axis=0).astype(np.float32)
-        step, inv = grid_steps(lo, hi, N)
         maxima = list(pool.map(lambda sp: quantize_block(Z, lo, step, inv, U, err, *sp), spans))
     z_max = max(float(m[0]) for m in maxima)
     g_max = max(float(m[1]) for m in maxima)
     return lo, step, U, err, float(grid_scale(lo, z_max, g_max))
+
+
+def grid_quantized(lo: np.ndarray, step: np.ndarray, U: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """`quantize_parallel`'s tuple for rows exactly on the grid ``lo + step U``: the grid
+    itself, no error; `InputError` if ``lo + step u`` is not a float32 number throughout."""
+    ok, z_max, g_max = grid_norms(U, lo, step)
+    if not ok:
+        raise InputError("a grid payload's entries lo + step u are not all float32 "
+                         "numbers: it was not stored from an exact grid")
+    return lo, step, U, np.zeros(len(U)), float(grid_scale(lo, z_max, g_max))
 
 
 #: the rows argument of `rerank_dense_quantized` for a payload read on its exact grid
@@ -198,15 +220,11 @@ class DensePayload:
         if U.ndim != 2 or lo.shape != (U.shape[1],) or step.shape != lo.shape:
             raise InputError(f"a grid payload has U (N, d), lo (d,) and step (d,); got U "
                              f"{U.shape}, lo {lo.shape}, step {step.shape}")
-        ok, z_max, g_max = grid_norms(U, lo, step)
-        if not ok:
-            raise InputError("a grid payload's entries lo + step u are not all float32 "
-                             "numbers: it was not stored from an exact grid")
+        quantized = grid_quantized(lo, step, U)
         p = cls.__new__(cls)
         p._Z = None
         p.shape = (int(U.shape[0]), int(U.shape[1]))
-        p._grid, p._grid_checked = (lo, step, U), True
-        p._quantized = (lo, step, U, np.zeros(len(U)), float(grid_scale(lo, z_max, g_max)))
+        p._grid, p._grid_checked, p._quantized = (lo, step, U), True, quantized
         p._lock = threading.RLock()
         return p
 
@@ -220,7 +238,7 @@ class DensePayload:
                     assert self._grid is not None
                     lo, step, U = self._grid
                     Z = np.empty(U.shape, dtype=np.float32)
-                    grid_rows(U, lo, step, 0, len(U), Z)
+                    grid_rows(U, lo, step, Z)
                     self._Z = Z
         return self._Z
 
@@ -245,20 +263,23 @@ class DensePayload:
         else:
             self.__dict__.update(DensePayload.from_grid(**state).__dict__)
 
-    def exact_grid(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def exact_grid(self, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(lo, step, U)`` when every row is exactly ``lo + step u`` for uint8 ``u`` and
-        one unit (`lshdist._kernels.search.exact_grid`), else None; found once (one pass over
-        the rows, 0.1-0.2 s at 100,000 x 784; real-valued rows fail at their first entries)."""
+        one unit (`lshdist._kernels.search.exact_grid`), else None; found once (the column
+        bounds, then one pass over the rows, 0.1-0.2 s at 100,000 x 784; real-valued rows fail
+        at their first entries)."""
         with self._lock:
             if not self._grid_checked:
-                Z = self.Z
-                if len(Z):
-                    lo, hi = column_bounds(Z, 0, len(Z))
-                    ok, g, U = exact_grid(Z, lo, hi)
-                    if ok:
-                        self._grid = (lo, np.full(len(lo), g, dtype=np.float32), U)
-                self._grid_checked = True
+                self._find_grid(column_bounds_parallel(self.Z, n_threads))
             return self._grid
+
+    def _find_grid(self, bounds: tuple[np.ndarray, np.ndarray]) -> None:
+        """`exact_grid` given the rows' column bounds (held lock)."""
+        if len(self.Z):
+            ok, g, U = exact_grid(self.Z, *bounds)
+            if ok:
+                self._grid = (bounds[0], np.full(len(bounds[0]), g, dtype=np.float32), U)
+        self._grid_checked = True
 
     def compact(self) -> DensePayload:
         """The same rows held on their exact grid alone (no float32 copy: a quarter of the
@@ -324,26 +345,27 @@ class DensePayload:
         q = self.quantized()
         # rows on an exact grid: the exact pass rebuilds them from the uint8 rows the first
         # pass has just read (in cache) rather than gathering their float32 copies
-        Z = self._Z if self._grid is None or q[2] is not self._grid[2] else _NO_ROWS
+        Z = self._Z if self._grid is None else _NO_ROWS  # (then q is the grid itself)
         dist, top, _ = rerank_dense_quantized(offsets, rows, Z, query.Z, k, tiebreak, *q)
         return refuse_overflow(dist, top)
 
     def quantized(self, n_threads: int = 1
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
         """The rows on a per-column uint8 grid (`quantize_rows`), made at the first re-rank
-        (or by `prepare`) and kept in memory only (d bytes + 8 per row); never stored: it is a
-        function of Z.  ``n_threads`` > 1: made in that many row ranges on threads (the same
-        arrays: bounds are min / max of the parts', each row is quantized on its own)."""
+        (or by `prepare`) and kept in memory (d bytes + 8 per row) — or, for rows on an exact
+        grid (`exact_grid`), that grid with no error, which is what a segment stores.
+        ``n_threads`` > 1: made in that many row ranges on threads (the same arrays: bounds
+        are min / max of the parts', each row is quantized on its own)."""
         with self._lock:  # the search's threads share one payload
             if self._quantized is None:
-                grid = self.exact_grid()
-                if grid is not None:  # exact: the same first pass with no error, no copy
-                    lo, step, U = grid
-                    _, z_max, g_max = grid_norms(U, lo, step)
-                    self._quantized = (lo, step, U, np.zeros(len(U)),
-                                       float(grid_scale(lo, z_max, g_max)))
+                bounds = None
+                if not self._grid_checked:  # the bounds serve the grid test and the copy
+                    bounds = column_bounds_parallel(self.Z, n_threads)
+                    self._find_grid(bounds)
+                if self._grid is not None:  # exact: the same first pass with no error, no copy
+                    self._quantized = grid_quantized(*self._grid)
                 else:
-                    self._quantized = quantize_parallel(self.Z, n_threads)
+                    self._quantized = quantize_parallel(self.Z, n_threads, bounds)
             return self._quantized
 
     def prepare(self, n_threads: int = 1) -> None:
