@@ -365,50 +365,94 @@ def grid_scale(lo, z_max, g_max):
 
 
 @njit(cache=True, nogil=True)
+def grid_floor(lo, hi):
+    """1/255 of the widest column's span (`exact_grid`: a positive step below it cannot be
+    a uint8 grid's unit)."""
+    span = 0.0
+    for j in range(lo.shape[0]):
+        span = max(span, np.float64(hi[j]) - np.float64(lo[j]))
+    return span / 255.0
+
+
+@njit(cache=True, nogil=True)
+def grid_unit_block(Z, lo, floor, a, b):
+    """The smallest positive ``Z - lo`` over rows ``a:b`` (inf if none), or -1 as soon as a
+    row has one below ``floor`` (no uint8 grid: real-valued rows fail at their first row).
+    Row by row, the inner loop branch-free."""
+    d = Z.shape[1]
+    g = np.inf
+    for r in range(a, b):
+        m = np.inf
+        for j in range(d):
+            t = np.float64(Z[r, j]) - np.float64(lo[j])
+            m = min(m, t if t > 0.0 else np.inf)
+        if m < floor:
+            return -1.0
+        g = min(g, m)
+    return g
+
+
+@njit(cache=True, nogil=True)
+def grid_fill_block(Z, lo, g, a, b, U, umax):
+    """Rows ``a:b`` of ``Z`` as ``u = (z - lo) / g`` into uint8 ``U``, their largest u per
+    column into ``umax`` (d,); False as soon as a row has an entry that is not exactly
+    ``lo + g u`` with u <= 255 (checked in float64, where ``g u`` is exact: 24 bits times
+    8)."""
+    d = Z.shape[1]
+    inv = 1.0 / g
+    for r in range(a, b):
+        bad = False
+        for j in range(d):
+            l64 = np.float64(lo[j])
+            z = np.float64(Z[r, j])
+            u = min(max(np.floor((z - l64) * inv + 0.5), 0.0), 256.0)
+            bad |= (u > 255.0) | (l64 + g * u != z)
+            v = np.uint8(min(u, 255.0))
+            U[r, j] = v
+            umax[j] = max(umax[j], v)
+        if bad:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def grid_unit(g):
+    """The unit of a grid whose smallest positive step is ``g`` (inf: constant columns, 1),
+    or -1 when that is not a float32 number."""
+    if not np.isfinite(g):
+        return 1.0
+    if np.float64(np.float32(g)) != g:
+        return -1.0
+    return g
+
+
+@njit(cache=True, nogil=True)
 def exact_grid(Z, lo, hi):
     """Whether float32 rows ``Z`` (N, d) are exactly ``lo + g u`` for one unit ``g`` and uint8
     ``u`` (pixels, counts and their power-of-two multiples): ``(ok, g, U)`` with ``U`` uint8
-    (N, d) when ok (else an empty array).  ``lo``, ``hi``: `column_bounds` of ``Z``.
+    (N, d) when ok (else an empty array).  ``lo``, ``hi``: `column_bounds` of ``Z``.  In one
+    piece; the payload runs the same steps on row ranges in parallel (the same result,
+    `lshdist.index.payload.exact_grid_parallel`).
 
     ``g`` is the smallest positive step above a column's minimum (1 for constant columns).
     Accepted only if every entry is ``lo + g u`` with u at most 255 and ``g u`` and
     ``lo + g u`` are float32 numbers for every u up to a column's largest
     (`grid_table_exact`: float32 arithmetic in any order, fused or not, rebuilds the entry
-    exactly, `grid_row`).  Rows off such a grid
-    fail at their first entry below 1/255 of the widest column's span (real-valued rows
-    within microseconds)."""
+    exactly, `grid_row`).  Rows off such a grid fail at their first row with an entry
+    below 1/255 of the widest column's span (real-valued rows within microseconds)."""
     N, d = Z.shape
-    span = 0.0
-    for j in range(d):
-        span = max(span, np.float64(hi[j]) - np.float64(lo[j]))
-    floor = span / 255.0
-    g = np.inf
-    for r in range(N):
-        for j in range(d):
-            t = np.float64(Z[r, j]) - np.float64(lo[j])
-            if t > 0.0 and t < g:
-                if t < floor:
-                    return False, g, np.empty((0, d), dtype=np.uint8)
-                g = t
-    if not np.isfinite(g):
-        g = 1.0
-    if np.float64(np.float32(g)) != g:
-        return False, g, np.empty((0, d), dtype=np.uint8)
+    g = grid_unit_block(Z, lo, grid_floor(lo, hi), 0, N)
+    empty = np.empty((0, d), dtype=np.uint8)
+    if g < 0.0:
+        return False, g, empty
+    g = grid_unit(g)
+    if g < 0.0:
+        return False, g, empty
     U = np.empty((N, d), dtype=np.uint8)
     umax = np.zeros(d, dtype=np.uint8)
-    for r in range(N):
-        for j in range(d):
-            l64 = np.float64(lo[j])
-            z = np.float64(Z[r, j])
-            u = np.floor((z - l64) / g + 0.5)
-            if u > 255.0 or l64 + g * u != z:  # g u exact in float64 (24 bits times 8)
-                return False, g, np.empty((0, d), dtype=np.uint8)
-            U[r, j] = np.uint8(u)
-            umax[j] = max(umax[j], U[r, j])
-    # float32 arithmetic rebuilds every entry: the test a load makes (`grid_norms`), for every
-    # u up to a column's largest
-    if not grid_table_exact(lo, np.full(d, np.float32(g)), umax):
-        return False, g, np.empty((0, d), dtype=np.uint8)
+    if not grid_fill_block(Z, lo, g, 0, N, U, umax) or not grid_table_exact(
+            lo, np.full(d, np.float32(g)), umax):
+        return False, g, empty
     return True, g, U
 
 

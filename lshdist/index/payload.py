@@ -18,11 +18,15 @@ from numpy.typing import ArrayLike
 from lshdist._kernels.search import (
     centred_sq_norms,
     column_bounds,
-    exact_grid,
+    grid_fill_block,
+    grid_floor,
     grid_norms,
     grid_rows,
     grid_scale,
     grid_steps,
+    grid_table_exact,
+    grid_unit,
+    grid_unit_block,
     quantize_block,
     rerank_dense,
     rerank_dense_quantized,
@@ -73,6 +77,34 @@ def quantize_parallel(Z: np.ndarray, n_threads: int = 1,
     z_max = max(float(m[0]) for m in maxima)
     g_max = max(float(m[1]) for m in maxima)
     return lo, step, U, err, float(grid_scale(lo, z_max, g_max))
+
+
+def exact_grid_parallel(Z: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
+                        n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`lshdist._kernels.search.exact_grid` of ``Z`` (column bounds ``bounds``) in row ranges
+    on ``n_threads`` threads: ``(lo, step, U)`` or None, the same result (the unit is the
+    smallest of the parts', then each part is checked and filled against it; tested).  On
+    Fashion-MNIST's 60,000 rows: 0.25 s in one piece before this (a division per entry and
+    an exit inside the inner loop), ~0.05 s on 2 threads now."""
+    lo, hi = bounds
+    N, d = Z.shape
+    spans = row_ranges(N, min(int(n_threads), N // 4096)) or [(0, N)]
+    floor = grid_floor(lo, hi)
+    with ThreadPoolExecutor(len(spans)) as pool:
+        units = list(pool.map(lambda sp: grid_unit_block(Z, lo, floor, *sp), spans))
+        if min(units) < 0.0:
+            return None
+        g = float(grid_unit(min(units)))
+        if g < 0.0:
+            return None
+        U = np.empty((N, d), dtype=np.uint8)
+        umaxes = [np.zeros(d, dtype=np.uint8) for _ in spans]
+        oks = list(pool.map(lambda i: grid_fill_block(Z, lo, g, *spans[i], U, umaxes[i]),
+                            range(len(spans))))
+    step = np.full(d, g, dtype=np.float32)
+    if not all(oks) or not grid_table_exact(lo, step, np.max(umaxes, axis=0)):
+        return None
+    return lo, step, U
 
 
 def grid_quantized(lo: np.ndarray, step: np.ndarray, U: np.ndarray
@@ -265,20 +297,18 @@ class DensePayload:
 
     def exact_grid(self, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(lo, step, U)`` when every row is exactly ``lo + step u`` for uint8 ``u`` and
-        one unit (`lshdist._kernels.search.exact_grid`), else None; found once (the column
-        bounds, then one pass over the rows, 0.1-0.2 s at 100,000 x 784; real-valued rows fail
-        at their first entries)."""
+        one unit (`lshdist._kernels.search.exact_grid`), else None; found once on
+        ``n_threads`` (the column bounds, then two passes over the rows: 0.12 s at 60,000 x
+        784 on one thread, 0.06 s on two; real-valued rows fail at their first row)."""
         with self._lock:
             if not self._grid_checked:
-                self._find_grid(column_bounds_parallel(self.Z, n_threads))
+                self._find_grid(column_bounds_parallel(self.Z, n_threads), n_threads)
             return self._grid
 
-    def _find_grid(self, bounds: tuple[np.ndarray, np.ndarray]) -> None:
-        """`exact_grid` given the rows' column bounds (held lock)."""
+    def _find_grid(self, bounds: tuple[np.ndarray, np.ndarray], n_threads: int = 1) -> None:
+        """`exact_grid` given the rows' column bounds, on ``n_threads`` (held lock)."""
         if len(self.Z):
-            ok, g, U = exact_grid(self.Z, *bounds)
-            if ok:
-                self._grid = (bounds[0], np.full(len(bounds[0]), g, dtype=np.float32), U)
+            self._grid = exact_grid_parallel(self.Z, bounds, n_threads)
         self._grid_checked = True
 
     def compact(self) -> DensePayload:
@@ -361,7 +391,7 @@ class DensePayload:
                 bounds = None
                 if not self._grid_checked:  # the bounds serve the grid test and the copy
                     bounds = column_bounds_parallel(self.Z, n_threads)
-                    self._find_grid(bounds)
+                    self._find_grid(bounds, n_threads)
                 if self._grid is not None:  # exact: the same first pass with no error, no copy
                     self._quantized = grid_quantized(*self._grid)
                 else:

@@ -10,7 +10,7 @@ import pytest
 
 from lshdist._kernels.search import column_bounds, exact_grid, rerank_dense
 from lshdist.errors import FormatError, InputError
-from lshdist.index.payload import DensePayload
+from lshdist.index.payload import DensePayload, column_bounds_parallel, exact_grid_parallel
 from lshdist.index.scan import scan_topk
 
 
@@ -44,6 +44,44 @@ def test_exact_grid_finds_pixels_counts_and_their_power_of_two_multiples(fashion
     half = np.ascontiguousarray(X[:500, :40] % 200)
     half[3, 5] += np.float32(0.5)
     assert not _grid(half)[0]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_grid_found_on_threads_is_the_one_piece_grid(fashion, threads):
+    """`exact_grid_parallel` (row ranges on threads: the unit the smallest of the parts', each
+    part checked against it) gives the one-piece kernel's grid, and refuses what it refuses:
+    pixels; a smaller unit present only in the last part (a half-step there: every part's
+    u doubles); a real-valued entry only in the last part (the other parts pass on their
+    own); a part whose unit is fine but whose span is 256 units.  Bugs caught: a part's own
+    unit used for its rows, a failing part's verdict lost, umax taken from one part (the
+    float32 table test skipped for the others' columns)."""
+    X = np.ascontiguousarray(fashion.X_train[:13_000], dtype=np.float32) * np.float32(0.25)
+
+    def both(Z):
+        b = column_bounds_parallel(Z, threads)
+        got = exact_grid_parallel(Z, b, threads)
+        ok, g, U = exact_grid(Z, *b)
+        assert (got is not None) == ok
+        if ok:
+            assert got is not None and np.all(got[1] == np.float32(g))
+            assert np.array_equal(got[0], b[0]) and np.array_equal(got[2], U)
+        return got
+
+    got = both(X)
+    assert got is not None and got[1][0] == 0.25
+    finer = X.copy()
+    finer[-1, 300] += np.float32(0.125)  # only the last part holds the finer unit
+    assert both(finer) is None  # pixels 0-255 at 0.125: 510 units wide
+    # pixels below 128 in steps of 0.125 (0 .. 15.875), one 1/16 step in the last part: 254
+    # units of 1/16
+    small = np.ascontiguousarray((fashion.X_train[:13_000, :40] % 128).astype(np.float32)
+                                 * np.float32(0.125))
+    small[-1, 3] = np.float32(0.0625)
+    got = both(small)
+    assert got is not None and got[1][0] == 0.0625
+    real = X.copy()
+    real[-1, 5] = np.float32(0.1)
+    assert both(real) is None
 
 
 def _candidates(rng, Q, N, n):
