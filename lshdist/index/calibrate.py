@@ -55,6 +55,17 @@ QUERY_SAMPLE_SHARE = 0.02
 MAX_SAMPLE_QUERIES = 1000
 #: queries of the timed searches (the chosen point and the scan)
 TIMED_QUERIES = 200
+#: a calibration that knows how many queries its point will answer (`calibrate`'s
+#: ``answered``: a bulk query calibrated on a sample of itself) starts on this many of its
+#: sample and doubles them only while that pays (`extend_sample`)
+FIRST_STAGE_QUERIES = 100
+#: what one sample query costs the calibration, in `Point.cost`'s units (one number read by
+#: the exact re-rank, ~0.39 ns): its exact truth per number of the database (a BLAS product:
+#: 0.27 core-s for 200 x 60,000 x 784 on this EPYC VM, 0.093 units a number) and its grid
+#: per entry of the largest window (candidates, Hamming distances and the counting over
+#: every window: 0.17 core-s for 200 queries x 128 lists x 64 entries, ~270 units an entry)
+TRUTH_UNITS_PER_NUMBER = 0.093
+GRID_UNITS_PER_ENTRY = 270.0
 #: window half-widths tried: powers of two and the steps between them (1.5x).  The grid's
 #: cost hardly grows with its size (one candidate array of the largest window serves every
 #: point), and the finer steps find cheaper points at the target: on Fashion-MNIST (M=128,
@@ -337,6 +348,33 @@ def choose_point(points: Sequence[Point], target: float, width: float,
     return min(ok, key=lambda p: (p.cost(width), p.permutations, p.window, p.hamming_keep))
 
 
+def extend_sample(points: Sequence[Point], target: float, width: float, n: int, n_next: int,
+                  answered: int, n_database: int, grid_entries: int) -> tuple[float, str]:
+    """What calibrating on ``n_next`` sample queries instead of ``n`` gains, net (positive:
+    it pays for itself; +inf where it is needed), and why.  A larger sample narrows the
+    recall margin (`recall_margin`), so a cheaper point may qualify: the saving is what the
+    ``answered`` queries would search less — the cost of the point chosen at ``n``'s margin
+    less the one chosen at ``n_next``'s, both read off this sample's curve — less what the
+    ``n_next - n`` queries cost the calibration (their truth over ``n_database`` rows of
+    ``width`` numbers, their grid over ``grid_entries`` window entries;
+    `TRUTH_UNITS_PER_NUMBER`, `GRID_UNITS_PER_ENTRY`).  All in `Point.cost`'s units, so the
+    decision is deterministic (same sample, same curve, same answer).  Where no point reaches
+    the target by ``n``'s margin but one does by ``n_next``'s, the sample must grow (else the
+    scan would be chosen for the sample's size alone): +inf.  Pure."""
+    now = choose_point(points, target, width, recall_margin(target, n))
+    nxt = choose_point(points, target, width, recall_margin(target, n_next))
+    extra = (n_next - n) * (n_database * width * TRUTH_UNITS_PER_NUMBER
+                            + grid_entries * GRID_UNITS_PER_ENTRY)
+    if nxt is None:
+        return -extra, f"no point reaches the target with {n_next} queries' margin either"
+    if now is None:
+        return float("inf"), (f"no point reaches the target with {n} queries' margin; one "
+                              f"does with {n_next}'s")
+    saving = answered * (now.cost(width) - nxt.cost(width))
+    return saving - extra, (f"{n_next} queries' margin would save {saving:.3g} units over "
+                            f"{answered} queries against {extra:.3g} for their calibration")
+
+
 def _no_point(points: Sequence[Point], target: float) -> str:
     best = max((p.recall for p in points), default=0.0)
     return (f"no hashed operating point reaches recall {target:g} (best {best:.3f}); the "
@@ -399,8 +437,8 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
               windows: Sequence[int] | None = None, hamming_keeps: Sequence[int] | None = None,
               hash_overhead: float = 0.0,
               merged: MergedGrid | None = None,
-              timer: Callable[[], float] = time.perf_counter, n_threads: int = 1
-              ) -> Calibration:
+              timer: Callable[[], float] = time.perf_counter, n_threads: int = 1,
+              answered: int | None = None) -> Calibration:
     """Calibrate ``index`` with its own rows ``qrows`` as queries (encoded: ``qcodes``,
     ``qpayload``).  ``permutations``/``windows``/``hamming_keeps`` fix a parameter the user
     gave (default: the grids above); ``hash_overhead`` (seconds per query) is added to the
@@ -409,7 +447,12 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     every segment, `pooled_points`; the true neighbours it counted; where they rank within
     their segment, `merged_relevance`): this index is then only timed against its scan.
     ``n_threads``: the grid is counted on that many threads (the timed searches stay on one,
-    as the scan they are compared with)."""
+    as the scan they are compared with).  ``answered``: how many queries the chosen point
+    will answer (a bulk query calibrated on a sample of itself): the sample is then used in
+    stages — `FIRST_STAGE_QUERIES` of it (a seeded random subset), doubled while the
+    narrower margin saves the answered queries more search than the added queries cost
+    (`extend_sample`); the grid's counts are sums over queries, so the stages add up to the
+    grid of the queries used.  None: the whole sample at once."""
     t_start = timer()
     N = len(index)
     Q = len(qrows)
@@ -429,14 +472,36 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     index.search(qcodes[:nw], qpayload.take(slice(0, nw)), 1, n_permutations=1, window=1)
     index.payload_.prepare(n_threads)  # what the search keeps in memory, made before any timing
     truth = np.full((Q, ks), -1, dtype=np.int64)
+    staged = merged is None and answered is not None and Q > FIRST_STAGE_QUERIES
+    # the order the sample is used in: a seeded random one when staged (the caller's sample is
+    # sorted by row, and its first rows would be the data's first)
+    order = (np.random.default_rng(np.random.SeedSequence([Q, 4])).permutation(Q) if staged
+             else np.arange(Q))
+    n = min(Q, FIRST_STAGE_QUERIES) if staged else Q
+
+    def queries(idx: np.ndarray) -> Any:
+        return qpayload if len(idx) == Q and not staged else qpayload.take(idx)
+
+    def exact(idx: np.ndarray, timed: bool = True) -> float:
+        """The exact truth of the sample queries ``idx`` (leave-one-out: k+1 nearest, the
+        query's own row removed) into ``truth``; the scan's seconds per query (``timed``:
+        the later stages' truth is not timed again)."""
+        ids = np.arange(N, dtype=np.int64)
+        if timed:
+            _, truth_ids, secs = exact_truth(index.payload_, queries(idx), ks + 1, ids=ids,
+                                             timer=timer)
+        else:
+            _, truth_ids = scan_topk(index.payload_, queries(idx), ks + 1, ids=ids, prune=True)
+            secs = 0.0
+        for j, q in enumerate(idx.tolist()):
+            t = truth_ids[j][truth_ids[j] != qrows[q]][:ks]
+            truth[q, : len(t)] = t
+        return secs
+
     if merged is not None and merged[3] is not None:
         scan_s = float(merged[3])  # the grid is given and the scan was timed with it
-    else:  # exact truth, leave-one-out: k+1 nearest, the query's own row removed
-        _, truth_ids, scan_s = exact_truth(index.payload_, qpayload, ks + 1,
-                                           ids=np.arange(N, dtype=np.int64), timer=timer)
-        for q in range(Q):
-            t = truth_ids[q][truth_ids[q] != qrows[q]][:ks]
-            truth[q, : len(t)] = t
+    else:
+        scan_s = exact(order[:n])
     ms, ws, hs = grid_axes(index.n_permutations_, k, permutations, windows, hamming_keeps)
     if max(ms) > index.n_permutations_:
         raise InputError(f"calibration asks for {max(ms)} lists, the index has "
@@ -447,23 +512,48 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         measured, w_rank = int(merged[1]), [float(x) for x in merged[2]]
     else:
         measured, w_rank = Q * ks, [1.0 / ks] * ks
-    # one standard error (at most) of the recall averaged over the sample's queries
-    margin = recall_margin(target, Q)
+
+    def counted(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return grid_counts(index, qcodes[idx], truth[idx], qrows[idx],
+                           np.ones((len(idx), ks), bool), ms, ws, hs, n_threads)
+
+    stats: list[tuple[np.ndarray, np.ndarray]] = []
     while merged is None:
-        grid = pooled_points([grid_counts(index, qcodes, truth, qrows, np.ones((Q, ks), bool),
-                                          ms, ws, hs, n_threads)],
-                             np.full(ks, float(Q)), Q, N, ms, ws, hs)
+        stats = [counted(order[:n])]
+        grid = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
         # a larger database needs wider windows for the same recall (the lists hold more
         # rows between a query and its neighbours): when no point of the grid reaches the
-        # target, the windows are doubled, up to MAX_WINDOW (not when W was given)
+        # target (by the margin of the whole sample: a staged sample may still grow), the
+        # windows are doubled, up to MAX_WINDOW (not when W was given)
         if (windows is not None or max(ws) >= MAX_WINDOW
-                or choose_point(grid, target, width, margin) is not None):
+                or choose_point(grid, target, width, recall_margin(target, Q)) is not None):
             points = grid
             break
         ws = [*ws, 2 * max(ws)]
-    width = float(getattr(qpayload, "width", 1))
-    nt = min(Q, TIMED_QUERIES)
-    qc_t, qp_t = qcodes[:nt], qpayload.take(slice(0, nt))
+    stages, why = [n], ""
+    while staged and n < Q:
+        # every larger size the sample could take (doubling, up to all of it), the one of
+        # largest net gain if any gains: a margin halved pays where one step may not
+        sizes = sorted({min(Q, n * 2 ** i) for i in range(1, 12)})
+        gains = [extend_sample(points, target, width, n, m, int(answered or 0), N,
+                               max(ms) * 2 * max(ws)) for m in sizes]
+        pick = max(range(len(sizes)), key=lambda i: gains[i][0])
+        why = gains[pick][1]
+        if not gains[pick][0] > 0:
+            break
+        n_next = sizes[pick]
+        exact(order[n:n_next], timed=False)
+        stats.append(counted(order[n:n_next]))
+        n = n_next
+        points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
+        stages.append(n)
+    if merged is None:
+        measured = n * ks
+    used = order[:n]
+    # one standard error (at most) of the recall averaged over the sample's queries
+    margin = recall_margin(target, n)
+    nt = min(n, TIMED_QUERIES)
+    qc_t, qp_t = qcodes[used[:nt]], queries(used[:nt])
 
     def time_point(p: Point) -> float:
         def run() -> None:
@@ -477,6 +567,10 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     mode, chosen, reason = select(points, target, scan_s, width, time_point, margin)
     extra: dict[str, Any] = {"rank_weights": [round(x, 6) for x in w_rank],
                              "rows_measured": measured, "margin": margin}
+    if staged:
+        extra["sample"] = {"drawn": Q, "used": n, "stages": stages, "answered": answered,
+                           "why": why}
+        log.info("calibration sample: %d of the %d drawn (stages %s): %s", n, Q, stages, why)
     if chosen is None and mode == "scan":
         # the point `choose_point` would take (the target plus the margin), or the best
         # recall there is when none reaches that: without the margin here, the cheapest of
@@ -487,7 +581,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
             best = replace(best, seconds_per_query=time_point(best))
             extra["timed"] = {**asdict(best), "rank_recall": None if best.rank_recall is None
                               else list(best.rank_recall)}
-    return Calibration(k=ks, target=target, n_database=N, n_queries=Q,
+    return Calibration(k=ks, target=target, n_database=N, n_queries=n,
                        scan_seconds_per_query=scan_s, points=tuple(points), mode=mode,
                        chosen=chosen, reason=reason, width=width, seconds=timer() - t_start,
                        extra=extra)

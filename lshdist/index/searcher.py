@@ -107,13 +107,15 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
                     *, k: int, target: float, seed: int, fixed: dict[str, int | None],
                     queries: RowsLike | None = None,
                     merged: MergedGrid | None = None,
-                    n_threads: int = 1) -> Calibration:
+                    n_threads: int = 1, answered: int | None = None) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
     (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
     whose rows have near-copies of themselves — augmented data — makes its own rows easier
     queries than the real ones); the parameters in ``fixed`` (not None) kept as given;
     ``merged``: the grid of a merged answer measured over every segment
-    (`lshdist.index.calibrate.calibrate`): this index is then only timed."""
+    (`lshdist.index.calibrate.calibrate`): this index is then only timed; ``answered``: the
+    queries the chosen point will answer, when known (the sample is then used in stages,
+    `lshdist.index.calibrate.calibrate`)."""
     if queries is not None:
         Q = as_block(queries)
         pick = sample_rows(n_rows(Q), query_sample_size(n_rows(Q)), seed)
@@ -134,7 +136,7 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
                      permutations=None if m is None else [m],
                      windows=None if w is None else [w],
                      hamming_keeps=None if h is None else [h], hash_overhead=hash_overhead,
-                     merged=merged, n_threads=n_threads)
+                     merged=merged, n_threads=n_threads, answered=answered)
 
 
 class MetricIndex:
@@ -284,7 +286,8 @@ class MetricIndex:
             raise InputError("calibrate_for needs a target_recall")
         cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
                               k=self.calibration_k, target=self.target_recall, seed=self.seed,
-                              fixed=self.fixed_, queries=Xq, n_threads=n_threads)
+                              fixed=self.fixed_, queries=Xq, n_threads=n_threads,
+                              answered=n_rows(as_block(Xq)))
         self.query_calibration_ = cal
         self._query_calibrated = True
         self._use(cal)

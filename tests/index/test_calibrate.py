@@ -8,12 +8,14 @@ import pytest
 from lshdist._kernels.search import candidate_hamming, candidate_recall_grid, collect_candidates
 from lshdist.errors import InputError
 from lshdist.index.calibrate import (
+    FIRST_STAGE_QUERIES,
     SAMPLE_QUERIES,
     Calibration,
     Point,
     calibrate,
     choose_point,
     decide_mode,
+    extend_sample,
     query_sample_size,
     recall_margin,
 )
@@ -195,7 +197,10 @@ def test_bulk_query_calibrates_on_itself_and_fit_defers_calibration():
     ix = MetricIndex(metric, bits=64, target_recall=0.9, seed=1).fit(db)
     assert ix._calibration is None  # deferred
     ix.query(real, 10)  # auto, bulk: calibrated on a sample of `real`
-    assert ix._calibration is None and ix.query_calibration_.n_queries == SAMPLE_QUERIES
+    # the sample drawn, used in stages (a bulk of known size)
+    qc = ix.query_calibration_
+    assert ix._calibration is None and qc.extra["sample"]["drawn"] == SAMPLE_QUERIES
+    assert qc.n_queries in (FIRST_STAGE_QUERIES, SAMPLE_QUERIES)
     auto_mode = ix.last_mode_
     _, exact = ix.query(real, 10, mode="scan")
     _, hashed = ix.query(real, 10, mode="hash")  # at the point calibrated on the queries
@@ -498,3 +503,76 @@ def test_pooled_points_equal_the_per_point_form():
     got = pooled_points(stats, counts, Q, N, ms, ws, hs, parts=3)
     want = _pooled_reference(stats, counts, Q, N, ms, ws, hs, parts=3)
     assert got == want and len(got) < len(ms) * len(ws) * len(hs)
+
+
+def test_extend_sample_when_the_narrower_margin_pays():
+    """`extend_sample`: a larger sample gains (net > 0) only when the cheaper point its
+    narrower margin admits saves the answered queries more (in cost units) than the added
+    sample queries cost; it must grow (+inf) when no point reaches the target by the smaller
+    sample's margin but one does by the larger's, and never gains when neither does.  Pure:
+    the same curve gives the same answer.  Bugs caught: the saving not scaled by the answered
+    queries, the sample grown where it cannot change the choice, the margins of the two sizes
+    swapped."""
+    m100, m200 = recall_margin(0.9, 100), recall_margin(0.9, 200)  # 0.030, 0.021
+    cheap = _pt(16, 4, 40, 0.9 + (m100 + m200) / 2, kept=40)  # qualifies at 200 only
+    dear = _pt(64, 16, 160, 0.9 + m100 + 0.001, kept=160)  # qualifies at both
+    pts = [cheap, dear]
+    saving_per_query = dear.cost(784) - cheap.cost(784)
+    per_sample_query = 60_000 * 784 * 0.093 + 128 * 64 * 270.0
+    needed = 100 * per_sample_query / saving_per_query  # answered queries that break even
+    net, why = extend_sample(pts, 0.9, 784, 100, 200, int(needed * 1.1), 60_000, 128 * 64)
+    assert net > 0 and "save" in why
+    assert net == pytest.approx(int(needed * 1.1) * saving_per_query - 100 * per_sample_query)
+    net, why = extend_sample(pts, 0.9, 784, 100, 200, int(needed * 0.9), 60_000, 128 * 64)
+    assert net < 0
+    # the same point either way: nothing to gain, whatever the bulk
+    assert extend_sample([dear], 0.9, 784, 100, 200, 10**9, 60_000, 128 * 64)[0] < 0
+    # none by 100's margin, one by 200's: grow (else the scan would win for want of queries)
+    net, why = extend_sample([cheap], 0.9, 784, 100, 200, 1, 60_000, 128 * 64)
+    assert net == float("inf") and "one does" in why
+    assert extend_sample([_pt(8, 1, 20, 0.85)], 0.9, 784, 100, 200, 10**9, 60_000, 64)[0] < 0
+
+
+def test_staged_calibration_adds_up_to_the_whole_sample(monkeypatch):
+    """A calibration told how many queries it answers uses its sample in stages: grown at
+    every stage (`extend_sample` forced), the stages add up to the grid of the whole sample —
+    every point's recall and rows re-ranked, and the choice, as the calibration that used it
+    at once; for a small bulk it stops at the first stage, says why, and is deterministic
+    (the same choice and sample twice).  Bugs caught: a stage's counts left out of (or
+    counted twice in) the sum, the truth of a later stage missing (its hits not counted),
+    the first stage taken as the sample's first rows in file order."""
+    import lshdist.index.calibrate as cal_mod
+
+    X, metric = _index()
+    ix = MetricIndex(metric, bits=64, n_permutations=32, window=8).fit(X)
+    rng = np.random.default_rng(3)
+    Xq = (X[rng.permutation(len(X))[:400]] + rng.normal(scale=0.05, size=(400, X.shape[1]))
+          ).astype(np.float32)
+    qrows = np.full(400, -1, dtype=np.int64)
+    qc, qp = encode(metric, ix.family_, Xq, query=True)
+    args = dict(k=5, target=0.9, permutations=[8, 16, 32], windows=[2, 4, 8])
+    whole = calibrate(ix.index_, qrows, qc, qp, **args)
+    with monkeypatch.context() as mp:
+        mp.setattr(cal_mod, "extend_sample", lambda *a: (float(a[4] == 2 * a[3]), "forced"))
+        big = calibrate(ix.index_, qrows, qc, qp, **args, answered=10**12)
+    assert whole.n_queries == big.n_queries == 400 and "sample" not in whole.extra
+    assert big.extra["sample"]["stages"] == [100, 200, 400]
+    key = [(p.permutations, p.window, p.hamming_keep) for p in whole.points]
+    assert key == [(p.permutations, p.window, p.hamming_keep) for p in big.points]
+    for a, b in zip(whole.points, big.points):
+        assert a.recall == pytest.approx(b.recall) and a.reranked == pytest.approx(b.reranked)
+    small = [calibrate(ix.index_, qrows, qc, qp, **args, answered=50) for _ in range(2)]
+    for s in small:
+        assert s.n_queries == FIRST_STAGE_QUERIES == s.extra["sample"]["used"]
+        assert s.extra["sample"]["stages"] == [FIRST_STAGE_QUERIES]
+        assert s.extra["sample"]["why"]
+        assert s.extra["margin"] == pytest.approx(recall_margin(0.9, FIRST_STAGE_QUERIES))
+    assert [p.recall for p in small[0].points] == [p.recall for p in small[1].points]
+    def key(c):
+        return None if c is None else (c.permutations, c.window, c.hamming_keep)
+
+    assert key(small[0].chosen) == key(small[1].chosen)
+    assert key(whole.chosen) == key(big.chosen)
+    # the first stage is a random subset of the sample, not its first rows
+    first = calibrate(ix.index_, qrows[:100], qc[:100], qp.take(slice(0, 100)), **args)
+    assert [p.recall for p in first.points] != [p.recall for p in small[0].points]
