@@ -47,6 +47,7 @@ EVAL = int(os.environ.get("BENCH_EVAL", "2000"))
 POOL = int(os.environ.get("BENCH_POOL", "2000"))
 ANSWERED = int(os.environ.get("BENCH_ANSWERED", "10000"))
 DATASETS = os.environ.get("BENCH_DATASETS", "fashion,letter").split(",")
+FIRST = int(os.environ.get("BENCH_FIRST", str(FIRST_STAGE_QUERIES)))  # the first stage
 
 
 def exact_topk(X: np.ndarray, Xq: np.ndarray) -> np.ndarray:
@@ -103,18 +104,18 @@ def main() -> None:
         perm = rng.permutation(len(Xq))
         ev, pool = perm[:EVAL], perm[EVAL:]
         true_of = {(p.permutations, p.window, p.hamming_keep): p.recall for p in points(ev)}
-        rules = {"whole-200": [], "first-100": [], "staged": []}
+        rules = {"whole-200": [], f"first-{FIRST}": [], "staged": []}
         grew = 0
         for _ in range(DRAWS):
             s = rng.choice(pool, 200, replace=False)
-            p100 = points(s[:FIRST_STAGE_QUERIES])
+            p1 = points(s[:FIRST])
             got = {"whole-200": (choose_point(points(s), TARGET, width,
                                               recall_margin(TARGET, 200)), 200),
-                   "first-100": (choose_point(p100, TARGET, width,
-                                              recall_margin(TARGET, 100)), 100)}
-            go = extend_sample(p100, TARGET, width, 100, 200, ANSWERED, N, entries)[0] > 0
+                   f"first-{FIRST}": (choose_point(p1, TARGET, width,
+                                                   recall_margin(TARGET, FIRST)), FIRST)}
+            go = extend_sample(p1, TARGET, width, FIRST, 200, ANSWERED, N, entries)[0] > 0
             grew += go
-            got["staged"] = got["whole-200"] if go else got["first-100"]
+            got["staged"] = got["whole-200"] if go else got[f"first-{FIRST}"]
             for rule, (p, n) in got.items():
                 if p is not None:
                     t = true_of[(p.permutations, p.window, p.hamming_keep)]
@@ -134,8 +135,10 @@ def main() -> None:
         out["oracle"] = {"point": [best.permutations, best.window, best.hamming_keep],
                          "cost": round(best.cost(width)), "recall": round(best.recall, 4)}
         res[name] = out
-    path = Path(__file__).resolve().parent / "results" / "calibration_stages.json"
-    path.write_text(json.dumps({"answered": ANSWERED, "draws": DRAWS, "eval": EVAL,
+    path = Path(__file__).resolve().parent / "results" / (
+        "calibration_stages.json" if FIRST == FIRST_STAGE_QUERIES
+        else f"calibration_stages_first{FIRST}.json")
+    path.write_text(json.dumps({"answered": ANSWERED, "draws": DRAWS, "eval": EVAL, "first": FIRST,
                                 "pool": POOL, "results": res}, indent=2))
     print(json.dumps(res, indent=2))
 
