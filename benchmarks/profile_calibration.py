@@ -47,7 +47,7 @@ def main() -> None:
                                                                                   n_threads=2)
         build = time.perf_counter() - t0
         t0 = time.perf_counter()
-        c = ix.calibrate_for(Xte, n_threads=2)
+        c = ix.calibrate_for(Xte, n_threads=2, answered=len(Xte))  # as evaluate and query
         cal = time.perf_counter() - t0
         p = c.chosen
         print(f"round {r}{' (warm-up)' if r == 0 else ''}: build {build:.3f} s, calibration "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from lshdist.blocks import as_block, n_rows
 from lshdist.index.searcher import MetricIndex
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.validation import check_k
@@ -108,7 +109,8 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
         on_queries = settings.target_recall is not None and settings.calibration_queries is None
         # a batch of queries known in advance: calibrate on a sample of them (what
         # MetricIndex.query(mode="auto") does for a large query set); else on the rows given
-        cal = (ix.calibrate_for(X_test, n_threads=settings.n_threads) if on_queries
+        cal = (ix.calibrate_for(X_test, n_threads=settings.n_threads,
+                                answered=n_rows(as_block(X_test))) if on_queries
                else ix.calibration_)
         calibrated_on = (None if cal is None else "the test queries" if on_queries
                          else "database rows" if settings.calibration_queries is None

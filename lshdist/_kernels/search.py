@@ -407,7 +407,7 @@ def grid_fill_block(Z, lo, g, a, b, U, umax):
             z = np.float64(Z[r, j])
             u = min(max(np.floor((z - l64) * inv + 0.5), 0.0), 256.0)
             bad |= (u > 255.0) | (l64 + g * u != z)
-            v = np.uint8(min(u, 255.0))
+            v = np.uint8(u) if u <= 255.0 else np.uint8(0)  # NaN (rejected) to 0, defined
             U[r, j] = v
             umax[j] = max(umax[j], v)
         if bad:

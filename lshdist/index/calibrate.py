@@ -547,6 +547,13 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         n = n_next
         points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
         stages.append(n)
+    # pooled over the stages, the sample's recalls may fall short of the target by the
+    # margin of the queries used: the windows are doubled as for the first stage
+    while (merged is None and windows is None and max(ws) < MAX_WINDOW and n > stages[0]
+           and choose_point(points, target, width, recall_margin(target, n)) is None):
+        ws = [*ws, 2 * max(ws)]
+        stats = [counted(order[:n])]
+        points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
     if merged is None:
         measured = n * ks
     used = order[:n]

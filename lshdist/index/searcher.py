@@ -263,7 +263,7 @@ class MetricIndex:
         if mode == "auto":
             if (self.target_recall is not None and self.recalibrate
                     and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
-                self.calibrate_for(Xq, n_threads=n_threads)
+                self.calibrate_for(Xq, n_threads=n_threads, answered=n_rows(as_block(Xq)))
             mode = self.mode_
         elif mode == "hash":
             self.mode_  # noqa: B018  (the calibrated operating point, computed on first use)
@@ -277,17 +277,21 @@ class MetricIndex:
             self.stats_ = stats
         return dist, ids
 
-    def calibrate_for(self, Xq: RowsLike, *, n_threads: int = 1) -> Calibration:
+    def calibrate_for(self, Xq: RowsLike, *, n_threads: int = 1, answered: int | None = None
+                      ) -> Calibration:
         """Calibrate again on a sample of the queries ``Xq`` (the parameters given at
         construction kept) and answer later ``auto`` and ``hash`` queries at the point chosen;
-        the curve is kept in ``query_calibration_``; ``n_threads`` count its grid."""
+        the curve is kept in ``query_calibration_``; ``n_threads`` count its grid.
+        ``answered``: how many queries the point will answer, when known (``Xq`` itself, for
+        a bulk query): the sample is then used in stages, grown only where that pays
+        (`lshdist.index.calibrate.calibrate`); None: the whole sample."""
         self._check_fitted()
         if self.target_recall is None:
             raise InputError("calibrate_for needs a target_recall")
         cal = calibrate_index(self.index_, self.metric, self.family_, Xq,
                               k=self.calibration_k, target=self.target_recall, seed=self.seed,
                               fixed=self.fixed_, queries=Xq, n_threads=n_threads,
-                              answered=n_rows(as_block(Xq)))
+                              answered=answered)
         self.query_calibration_ = cal
         self._query_calibrated = True
         self._use(cal)

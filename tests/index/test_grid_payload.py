@@ -49,15 +49,18 @@ def test_exact_grid_finds_pixels_counts_and_their_power_of_two_multiples(fashion
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_grid_found_on_threads_is_the_one_piece_grid(fashion, threads):
     """`exact_grid_parallel` (row ranges on threads: the unit the smallest of the parts', each
-    part checked against it) gives the one-piece kernel's grid, and refuses what it refuses:
-    pixels; a smaller unit present only in the last part (a half-step there: every part's
-    u doubles); a real-valued entry only in the last part (the other parts pass on their
-    own); a part whose unit is fine but whose span is 256 units.  Bugs caught: a part's own
-    unit used for its rows, a failing part's verdict lost, umax taken from one part (the
-    float32 table test skipped for the others' columns)."""
+    part checked against it, the largest u per column merged over the parts) gives the
+    one-piece kernel's grid, and refuses what it refuses: pixels at unit 1/4; a smaller unit
+    present only in the last part (every part's u doubles); an off-grid value above the
+    floor only in the last part (the other parts pass on their own); a column at 2^17 whose
+    only step, 2 units of 2^-7, lies in the last part — its entries are float32 numbers but
+    2^17 + 2^-7 is not, so the float32 table test must see that column's u of 2 from the last
+    part.  Bugs caught: a part's own unit used for its rows, a failing part's verdict lost,
+    the largest u taken from one part (the table test passed for the others' columns)."""
     X = np.ascontiguousarray(fashion.X_train[:13_000], dtype=np.float32) * np.float32(0.25)
 
     def both(Z):
+        Z = np.ascontiguousarray(Z, dtype=np.float32)
         b = column_bounds_parallel(Z, threads)
         got = exact_grid_parallel(Z, b, threads)
         ok, g, U = exact_grid(Z, *b)
@@ -69,19 +72,25 @@ def test_grid_found_on_threads_is_the_one_piece_grid(fashion, threads):
 
     got = both(X)
     assert got is not None and got[1][0] == 0.25
-    finer = X.copy()
-    finer[-1, 300] += np.float32(0.125)  # only the last part holds the finer unit
-    assert both(finer) is None  # pixels 0-255 at 0.125: 510 units wide
     # pixels below 128 in steps of 0.125 (0 .. 15.875), one 1/16 step in the last part: 254
     # units of 1/16
-    small = np.ascontiguousarray((fashion.X_train[:13_000, :40] % 128).astype(np.float32)
-                                 * np.float32(0.125))
+    small = (fashion.X_train[:13_000, :40] % 128).astype(np.float32) * np.float32(0.125)
     small[-1, 3] = np.float32(0.0625)
     got = both(small)
-    assert got is not None and got[1][0] == 0.0625
+    assert got is not None and got[1][0] == 0.0625 and got[2][-1, 3] == 1
     real = X.copy()
-    real[-1, 5] = np.float32(0.1)
+    real[-1, 5] = np.float32(10.1)  # above the floor (0.25): off the grid, in the last part
     assert both(real) is None
+    # unit 2^-7 from the pixels; a column at 2^17 (float32 spacing 2^-6 there) whose one
+    # step, u = 2, is in the last row
+    tall = np.concatenate([fashion.X_train[:13_000, :40].astype(np.float32)
+                           * np.float32(2.0 ** -7),
+                           np.full((13_000, 1), 2.0 ** 17, dtype=np.float32)], axis=1)
+    tall[-1, 40] = np.float32(2.0 ** 17 + 2.0 ** -6)
+    assert both(tall) is None
+    tall[-1, 40] = np.float32(2.0 ** 17)  # the column constant again: the grid holds
+    got = both(tall)
+    assert got is not None and got[1][0] == 2.0 ** -7
 
 
 def _candidates(rng, Q, N, n):
