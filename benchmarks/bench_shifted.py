@@ -49,7 +49,7 @@ HNSW_EFS = [10, 12, 16, 20, 24, 32, 48, 64]
 PROFILE = [
     ("build: encode database (hash 512 bits + payload)", "encode", "index/searcher.py"),
     ("build: list build (PermutationIndex.fit)", "fit", "index/permutation.py"),
-    ("query: calibration on 200 of the queries (calibrate_index)", "calibrate_index",
+    ("query: calibration on a sample of the queries (calibrate_index)", "calibrate_index",
      "index/searcher.py"),
     ("  calibration: exact scans (scan_topk: truth + timed scan)", "scan_topk", "index/scan.py"),
     ("query: encode queries", "encode", "index/searcher.py"),
