@@ -307,6 +307,7 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
     found_l = hits.sum(axis=-1).tolist()
     by_rank_l = (hits / np.maximum(counts, 1.0)).tolist()
     n = max(N, 1)
+    six = [6] * hits.shape[-1]  # round(x, 6) by `map`: the same function, no generator frames
     points: list[Point] = []
     for a, m in enumerate(ms):
         for b, w in enumerate(ws):
@@ -318,7 +319,7 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
                 seen.add(kept)
                 points.append(Point(int(m), int(w), int(h), float(found_l[a][b][j]) / total,
                                     kept, kept / n,
-                                    rank_recall=tuple(round(x, 6) for x in by_rank_l[a][b][j]),
+                                    rank_recall=tuple(map(round, by_rank_l[a][b][j], six)),
                                     parts=int(parts)))
     return points
 
