@@ -461,6 +461,10 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         raise InputError(f"calibration needs at least 2 database rows and 1 query (got {N}, "
                          f"{Q})")
     ks = min(k, N - 1)
+    if answered is not None and (isinstance(answered, bool) or not isinstance(
+            answered, (int, np.integer)) or answered < 1):
+        raise InputError(f"answered={answered!r}: the queries the calibrated point will "
+                         "answer must be a positive integer (or None: not known)")
     # compile (or load) the kernels before anything is timed — with a batch of the timed size,
     # which takes the bulk (merge) path a single query does not (measured: timing a kernel's
     # first use in the process made a 200-query hashed search look 8x slower per query than
@@ -510,15 +514,15 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     width = float(getattr(qpayload, "width", 1))
     if merged is not None:
         points: list[Point] = list(merged[0])
-        measured, w_rank = int(merged[1]), [float(x) for x in merged[2]]
+        w_rank = [float(x) for x in merged[2]]
     else:
-        measured, w_rank = Q * ks, [1.0 / ks] * ks
+        w_rank = [1.0 / ks] * ks
 
     def counted(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return grid_counts(index, qcodes[idx], truth[idx], qrows[idx],
                            np.ones((len(idx), ks), bool), ms, ws, hs, n_threads)
 
-    stats: list[tuple[np.ndarray, np.ndarray]] = []
+    stats: list[tuple[np.ndarray, np.ndarray]]  # the grid counts of the stages used
     while merged is None:
         stats = [counted(order[:n])]
         grid = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
@@ -536,7 +540,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         # every larger size the sample could take (doubling, up to all of it), the one of
         # largest net gain if any gains: a margin halved pays where one step may not
         sizes = sorted({min(Q, n * 2 ** i) for i in range(1, 12)})
-        gains = [extend_sample(points, target, width, n, m, int(answered or 0), N,
+        gains = [extend_sample(points, target, width, n, m, int(answered or 1), N,
                                max(ms) * 2 * max(ws)) for m in sizes]
         pick = max(range(len(sizes)), key=lambda i: gains[i][0])
         why = gains[pick][1]
@@ -555,8 +559,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         ws = [*ws, 2 * max(ws)]
         stats = [counted(order[:n])]
         points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
-    if merged is None:
-        measured = n * ks
+    measured = int(merged[1]) if merged is not None else n * ks
     used = order[:n]
     # one standard error (at most) of the recall averaged over the sample's queries
     margin = recall_margin(target, n)

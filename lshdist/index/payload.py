@@ -252,11 +252,17 @@ class DensePayload:
         if U.ndim != 2 or lo.shape != (U.shape[1],) or step.shape != lo.shape:
             raise InputError(f"a grid payload has U (N, d), lo (d,) and step (d,); got U "
                              f"{U.shape}, lo {lo.shape}, step {step.shape}")
-        quantized = grid_quantized(lo, step, U)
+        return cls._on_grid((lo, step, U), grid_quantized(lo, step, U))
+
+    @classmethod
+    def _on_grid(cls, grid: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 quantized: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]
+                 ) -> DensePayload:
+        """A payload held on ``grid`` alone, its checked `grid_quantized` tuple given."""
         p = cls.__new__(cls)
         p._Z = None
-        p.shape = (int(U.shape[0]), int(U.shape[1]))
-        p._grid, p._grid_checked, p._quantized = (lo, step, U), True, quantized
+        p.shape = (int(grid[2].shape[0]), int(grid[2].shape[1]))
+        p._grid, p._grid_checked, p._quantized = grid, True, quantized
         p._lock = threading.RLock()
         return p
 
@@ -317,7 +323,8 @@ class DensePayload:
         grid = self.exact_grid()
         if grid is None or self._Z is None:
             return self
-        return DensePayload.from_grid(*grid)
+        # the grid's float32 test and norms, made once (`quantized` of rows on their grid)
+        return DensePayload._on_grid(grid, self.quantized())
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a segment stores: the exact grid's ``U``, ``lo``, ``step`` when the rows lie

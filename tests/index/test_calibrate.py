@@ -574,6 +574,9 @@ def test_staged_calibration_adds_up_to_the_whole_sample(monkeypatch):
 
     assert key(small[0]) == key(small[1])
     assert key(whole) == key(big) and whole.extra["margin"] == big.extra["margin"]
+    for bad in (0, -5, 2.5, True):  # a count of queries, or None
+        with pytest.raises(InputError, match="positive integer"):
+            calibrate(ix.index_, qrows, qc, qp, **args, answered=bad)
     # the first stage is a random subset of the sample, not its first rows
     first = calibrate(ix.index_, qrows[:100], qc[:100], qp.take(slice(0, 100)), **args)
     assert [p.recall for p in first.points] != [p.recall for p in small[0].points]
