@@ -859,12 +859,14 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
             for t in range(T):
                 if full[q, m, t] + 1 > N:
                     N = full[q, m, t] + 1
-    # int32 per row (stamps, query numbers and ranks stay far below 2**31): the three arrays
-    # are read at random rows, and at half the bytes more of them stays in L2 (60,000 rows:
-    # 720 KB instead of 1.4 MB)
-    mark = np.full(max(N, 1), -1, dtype=np.int32)
-    good = np.full(max(N, 1), -1, dtype=np.int32)
-    rank = np.zeros(max(N, 1), dtype=np.int32)
+    # bitmaps, one bit a row: the rows seen in this (query, window) pass, and the query's true
+    # neighbours and own row.  Both are read at random rows for every entry; at N/8 bytes
+    # (7.5 KB for 60,000 rows) they stay in L1, where int32 arrays per row (720 KB) did not
+    # stay even in L2 (the grid of 100 Fashion-MNIST queries: 21 -> see the design notes)
+    n_words = (max(N, 1) + 63) >> 6
+    seen = np.zeros(n_words, dtype=np.uint64)
+    special = np.zeros(n_words, dtype=np.uint64)
+    one = np.uint64(1)
     # per Hamming distance, the distinct candidates seen so far: a candidate's place in the
     # cut order is (candidates at a smaller distance) + (those at its distance seen before it)
     hist = np.zeros(n_bits + 1, dtype=np.int64)
@@ -876,15 +878,16 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     hits = np.zeros((nm, nw, nk, kt), dtype=np.int64)
     reranked = np.zeros((nm, nw, nk), dtype=np.int64)
     m_last = ms[nm - 1]
-    stamp = 0
     for q in range(Q):
+        qs = qself[q]
         for t in range(kt):
-            if 0 <= truth[q, t] < N and good[truth[q, t]] != q:  # a repeated row: first rank
-                good[truth[q, t]] = q
-                rank[truth[q, t]] = t
+            v = truth[q, t]
+            if 0 <= v < N:
+                special[v >> 6] |= one << np.uint64(v & 63)
+        if 0 <= qs < N:
+            special[qs >> 6] |= one << np.uint64(qs & 63)
         for b in range(nw):
             w = ws[b]
-            stamp += 1
             hist[:] = 0
             n = 0
             nrec = 0
@@ -896,21 +899,34 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
             for m in range(m_last):
                 for t in range(w_max - w, w_max + w):
                     v = full[q, m, t]
-                    if v >= 0 and mark[v] != stamp:
-                        mark[v] = stamp
-                        h = ham[q, m, t]
-                        if good[v] == q or v == qself[q]:
+                    if v < 0:
+                        continue
+                    word = v >> 6
+                    bit = one << np.uint64(v & 63)
+                    if seen[word] & bit:
+                        continue
+                    seen[word] |= bit
+                    h = ham[q, m, t]
+                    if special[word] & bit:
+                        # its first rank among the true neighbours (-1: none), and whether it
+                        # is the query's own row (both: counted as each)
+                        r = -1
+                        for t2 in range(kt):
+                            if truth[q, t2] == v:
+                                r = t2
+                                break
+                        if r >= 0:
                             rec_h[nrec] = h
                             rec_tie[nrec] = hist[h]
-                            rec_rank[nrec] = rank[v] if good[v] == q else -1
+                            rec_rank[nrec] = r
                             nrec += 1
-                            if good[v] == q and v == qself[q]:  # both: counted as each
-                                rec_h[nrec] = h
-                                rec_tie[nrec] = hist[h]
-                                rec_rank[nrec] = -1
-                                nrec += 1
-                        hist[h] += 1
-                        n += 1
+                        if v == qs:
+                            rec_h[nrec] = h
+                            rec_tie[nrec] = hist[h]
+                            rec_rank[nrec] = -1
+                            nrec += 1
+                    hist[h] += 1
+                    n += 1
                 while a < nm and ms[a] == m + 1:
                     # each recorded row's place in the cut order: one prefix sum of the
                     # histogram up to the largest distance recorded
@@ -934,4 +950,19 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
                                     s += 1
                         reranked[a, b, j] += lim - s
                     a += 1
+            # clear the pass's bits: by its entries when they are fewer than the words
+            if m_last * 2 * w < n_words:
+                for m in range(m_last):
+                    for t in range(w_max - w, w_max + w):
+                        v = full[q, m, t]
+                        if v >= 0:
+                            seen[v >> 6] = np.uint64(0)
+            else:
+                seen[:] = 0
+        for t in range(kt):
+            v = truth[q, t]
+            if 0 <= v < N:
+                special[v >> 6] = np.uint64(0)
+        if 0 <= qs < N:
+            special[qs >> 6] = np.uint64(0)
     return hits, reranked

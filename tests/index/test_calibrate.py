@@ -335,6 +335,30 @@ def test_short_timings_are_repeated_and_the_fastest_kept():
     assert _best_of(0.5, run, lambda: clock[0]) == 0.5 and len(calls) == 5
 
 
+def test_a_decisively_faster_search_is_timed_once():
+    """The hashed search's timing is repeated only where the verdict could turn on it: a
+    first run well under the scan (`DECISIVE` x `SCAN_MARGIN`) is kept as it is — repeats
+    could only lower it.  Catches: repeats where they cannot change the verdict (0.01-0.02 s
+    of a Fashion-MNIST calibration), no repeats where they can."""
+    from lshdist.index.calibrate import DECISIVE, SCAN_MARGIN, timed_search
+
+    clock = [0.0]
+    calls = []
+
+    def run(dt=0.004):
+        calls.append(1)
+        clock[0] += dt
+
+    # 100 queries in 4 ms (+ 1 us each of hashing) against a 1 ms/query scan: decisive
+    t = timed_search(run, lambda: clock[0], 100, 1e-6, 1e-3)
+    assert t == pytest.approx(4e-5 + 1e-6) and len(calls) == 1
+    # the same run against a scan a little faster than decisive needs: repeated (short runs)
+    scan = (4e-5 + 1e-6) / (DECISIVE * SCAN_MARGIN) * 0.99
+    calls.clear()
+    t = timed_search(run, lambda: clock[0], 100, 1e-6, scan)
+    assert len(calls) == 5 and t == pytest.approx(4e-5 + 1e-6)  # 5 x 4 ms reach 0.02 s
+
+
 @pytest.mark.parametrize("split", ["random", "blocks"])
 def test_the_grid_pooled_over_segments_is_the_merged_search_exactly(split):
     """Measured over every segment (`merged_relevance`, `part_truth`, `grid_counts`,
@@ -407,6 +431,28 @@ def test_candidate_recall_grid_with_many_ties_and_repeats():
     _assert_grid_is_collect_candidates(full, codes, qcodes, truth, qself, np.array([1, 3, 4]),
                                        np.array([1, 2, 5]),
                                        np.array([0, 1, 2, 5, 9, 40], np.int64))
+
+
+def test_candidate_recall_grid_on_many_rows_few_entries():
+    """The grid's bitmaps of rows seen and rows true: with far more rows than a pass has
+    entries, a pass's bits are cleared by its own entries, not the whole map — rows left
+    marked would hide the next pass's or query's candidates.  Rows repeat within a 64-row
+    word and across queries (neighbouring queries share candidates), the truth holds rows
+    beyond any candidate (the grid's row count comes from the candidates)."""
+    rng = np.random.default_rng(5)
+    N, Q, M, W, words = 100_000, 25, 3, 4, 2
+    codes = rng.integers(0, 2**63, size=(N, words), dtype=np.int64).view(np.uint64)
+    qcodes = codes[rng.integers(0, N, Q)] ^ rng.integers(0, 2**6, size=(Q, words)).astype(
+        np.uint64)
+    words_used = rng.integers(0, N // 64, size=12) * 64  # a few 64-row words, shared
+    full = (rng.choice(words_used, size=(Q, M, 2 * W)) + rng.integers(0, 3, size=(Q, M, 2 * W))
+            ).astype(np.int64)
+    full[rng.random(full.shape) < 0.1] = -1
+    truth = np.where(rng.random((Q, 6)) < 0.7, full[:, 0, :6], N - 1).astype(np.int64)
+    qself = full[:, 1, 2].copy()
+    _assert_grid_is_collect_candidates(full, codes, qcodes, truth, qself, np.array([1, 3]),
+                                       np.array([1, 2, 4]),
+                                       np.array([0, 2, 5, 30], np.int64))
 
 
 def test_cost_counts_the_lists_of_every_part():
