@@ -53,8 +53,13 @@ SAMPLE_QUERIES = 200
 #: 2,000 other queries; with 400 and 1,000 none did, at 8 % and 16 % lower search cost)
 QUERY_SAMPLE_SHARE = 0.02
 MAX_SAMPLE_QUERIES = 1000
-#: queries of the timed searches (the chosen point and the scan)
+#: queries of the scan's timing when the truth was pruned (`exact_truth`)
 TIMED_QUERIES = 200
+#: queries of the chosen point's timed search (and of the warm-up before anything is timed):
+#: a hashed search of 50 queries takes ~7 ms on Fashion-MNIST, long enough to time, and per
+#: query no faster than a larger batch (the verdict errs towards the scan); 100 took a tenth
+#: of a 0.2 s calibration
+TIMED_SEARCH_QUERIES = 50
 #: a calibration that knows how many queries its point will answer (`calibrate`'s
 #: ``answered``: a bulk query calibrated on a sample of itself) starts on this many of its
 #: sample and doubles them only while that pays (`extend_sample`)
@@ -172,7 +177,11 @@ class Calibration:
     def point_for(self, target: float, max_permutations: int) -> tuple[str, Point | None, str]:
         """Another operating point of the same curve (a query-time target): the cheapest that
         reaches it among those the index's lists allow; its time is estimated from the
-        chosen point's measured time in proportion to `Point.cost`."""
+        chosen point's measured time in proportion to `Point.cost`.  That time may be one
+        run (`DECISIVE`: an upper estimate, not the fastest of repeats), so the estimate errs
+        towards the scan by one run's noise: a point within that noise of the scan may get
+        the scan where repeats would have said hash — never a hashed search slower than
+        the scan."""
         pts = [p for p in self.points if p.permutations <= max_permutations]
         margin = recall_margin(target, self.n_queries)
         p = choose_point(pts, target, self.width, margin)
@@ -305,9 +314,12 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
     # of a 0.29 s Fashion-MNIST calibration was this loop's numpy scalar overhead)
     kept_l = reranked.tolist()
     found_l = hits.sum(axis=-1).tolist()
-    by_rank_l = (hits / np.maximum(counts, 1.0)).tolist()
+    by_rank = hits / np.maximum(counts, 1.0)
+    by_rank_l = by_rank.tolist()
     n = max(N, 1)
-    six = [6] * hits.shape[-1]  # round(x, 6) by `map`: the same function, no generator frames
+    # round(x, 6) once per distinct value (hits over counts: a few hundred of the grid's
+    # ~12,600), then looked up: the same function, 5.3 -> ~1 ms for a Fashion-MNIST grid
+    six = {v: round(v, 6) for v in np.unique(by_rank).tolist()}.__getitem__
     points: list[Point] = []
     for a, m in enumerate(ms):
         for b, w in enumerate(ws):
@@ -319,7 +331,7 @@ def pooled_points(stats: Sequence[tuple[np.ndarray, np.ndarray]], counts: np.nda
                 seen.add(kept)
                 points.append(Point(int(m), int(w), int(h), float(found_l[a][b][j]) / total,
                                     kept, kept / n,
-                                    rank_recall=tuple(map(round, by_rank_l[a][b][j], six)),
+                                    rank_recall=tuple(map(six, by_rank_l[a][b][j])),
                                     parts=int(parts)))
     return points
 
@@ -473,7 +485,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     # row and, taking the re-rank's wide path, made its uint8 copy -- 0.16 s of a 0.37 s
     # Fashion-MNIST calibration; the copy is made by `prepare` below, on the threads given)
     scan_topk(index.payload_.take(slice(0, min(N, 64))), qpayload.take(slice(0, 1)), 1)
-    nw = min(Q, TIMED_QUERIES)
+    nw = min(Q, TIMED_SEARCH_QUERIES)
     index.search(qcodes[:nw], qpayload.take(slice(0, nw)), 1, n_permutations=1, window=1)
     index.payload_.prepare(n_threads)  # what the search keeps in memory, made before any timing
     truth = np.full((Q, ks), -1, dtype=np.int64)
@@ -563,7 +575,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
     used = order[:n]
     # one standard error (at most) of the recall averaged over the sample's queries
     margin = recall_margin(target, n)
-    nt = min(n, TIMED_QUERIES)
+    nt = min(n, TIMED_SEARCH_QUERIES)
     qc_t, qp_t = qcodes[used[:nt]], queries(used[:nt])
 
     def time_point(p: Point) -> float:
@@ -599,8 +611,10 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
 #: a timed hashed search whose first run is under this share of the time that would still
 #: choose it (`SCAN_MARGIN` x the scan's) is not repeated: timing noise only lengthens a run,
 #: so repeats could only lower the time and the verdict stays; its one run is its measured
-#: time (an upper estimate).  Repeating it anyway cost 0.01-0.02 s of a 0.2 s Fashion-MNIST
-#: calibration (a 100-query search of ~11 ms is under `MIN_TIMED_SECONDS`)
+#: time (an upper estimate; `Calibration.point_for` scales other points' times from it, and
+#: so errs towards the scan for them by that run's noise).  Repeating it anyway cost
+#: 0.01-0.02 s of a 0.2 s Fashion-MNIST calibration (a 100-query search of ~11 ms is under
+#: `MIN_TIMED_SECONDS`)
 DECISIVE = 0.5
 #: a timed run shorter than this is repeated (up to `MAX_REPEATS` runs, the fastest kept): one
 #: run of a few microseconds measures the machine's noise, not the search (a 60-row database
