@@ -357,6 +357,20 @@ def test_a_decisively_faster_search_is_timed_once():
     calls.clear()
     t = timed_search(run, lambda: clock[0], 100, 1e-6, scan)
     assert len(calls) == 5 and t == pytest.approx(4e-5 + 1e-6)  # 5 x 4 ms reach 0.02 s
+    # a quick run on fewer queries first: kept when decisive, else the full timing decides
+    # (a small batch's fixed costs made Letter's hashed search look slower than the scan)
+    quick = []
+
+    def small(dt=0.003):
+        quick.append(1)
+        clock[0] += dt
+
+    calls.clear()
+    t = timed_search(run, lambda: clock[0], 100, 1e-6, 1e-3, quick=(small, 50))
+    assert (len(quick), len(calls)) == (1, 0) and t == pytest.approx(6e-5 + 1e-6)
+    quick.clear()
+    t = timed_search(run, lambda: clock[0], 100, 1e-6, 8e-5, quick=(small, 50))
+    assert (len(quick), len(calls)) == (1, 5) and t == pytest.approx(4e-5 + 1e-6)
 
 
 @pytest.mark.parametrize("split", ["random", "blocks"])
