@@ -656,17 +656,13 @@ def timed_search(run: Callable[[], Any], timer: Callable[[], float], n_queries: 
     fastest of repeats (`_best_of`).  ``quick`` = (a run over fewer queries, their number):
     tried first, and its time kept when decisive (a small batch's fixed costs weigh more per
     query, so it errs towards the scan; when it is not decisive, ``run`` decides as above)."""
-    if quick is not None:
+    first = 0.0
+    for go, n in [*([quick] if quick is not None else []), (run, n_queries)]:
         t0 = timer()
-        quick[0]()
-        t = (timer() - t0) / quick[1] + overhead
-        if t < DECISIVE * SCAN_MARGIN * scan_seconds:
-            return t
-    t0 = timer()
-    run()
-    first = timer() - t0
-    if first / n_queries + overhead < DECISIVE * SCAN_MARGIN * scan_seconds:
-        return first / n_queries + overhead  # repeats could only lower it: the same verdict
+        go()
+        first = timer() - t0
+        if first / n + overhead < DECISIVE * SCAN_MARGIN * scan_seconds:
+            return first / n + overhead  # repeats could only lower it: the same verdict
     return _best_of(first, run, timer) / n_queries + overhead
 
 
