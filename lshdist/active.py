@@ -37,6 +37,7 @@ from lshdist.blocks import Block, SparseBlock, n_rows
 from lshdist.config import ActiveConfig
 from lshdist.errors import InputError
 from lshdist.index.hyperplane import HyperplaneIndex
+from lshdist.limits import available_cores
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class LocalPool:
         self.settings = settings
         self.indexes: dict[str, HyperplaneIndex] = {}
         self.build_seconds: dict[str, float] = {}
+        self.threads = settings.threads or available_cores()
 
     def build(self, method: str) -> None:
         s = self.settings
@@ -143,12 +145,13 @@ class LocalPool:
             family=method, bits=s.bits, n_permutations=s.permutations, window=s.window,
             samples=s.eh_samples if method == "eh-hash" else None, bias=True,
             center=s.center, seed=s.seed,
-        ).fit(self.pool)
+        ).fit(self.pool, n_threads=self.threads)
         self.build_seconds[method] = time.perf_counter() - t0
         log.info("%s index of %d pool rows: %.1fs", method, self.n, self.build_seconds[method])
         # compile / load the query kernels before any selection is timed
         self.indexes[method].query(_query_rows(self.pool, np.ones(_width(self.pool))), 1,
-                                   offsets=np.zeros(1), **_search(s))
+                                   offsets=np.zeros(1), n_threads=self.threads,
+                                   **_search(s))
 
     def rows(self, rows: np.ndarray) -> Any:
         return self._rows[rows]
@@ -161,7 +164,7 @@ class LocalPool:
             return order[np.lexsort((order, M[order]))], len(M)
         index = self.indexes[method]
         _, ids = index.query(_query_rows(self.pool, w), k, offsets=np.array([b]),
-                             **_search(self.settings))
+                             n_threads=self.threads, **_search(self.settings))
         return ids[0], int(index.stats_["reranked"].sum())
 
 

@@ -538,6 +538,11 @@ class ActiveConfig(Section):
                        "rows' RMS norm: pixels all lie in one narrow cone, which random "
                        "projections barely tell apart (CLI: --no-center hashes them as given)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
+    threads: int | None = opt(None, _optional(POSITIVE),
+                              "threads of the hashing and the hashed selection in this process "
+                              "(default: the cores available; a pool of 200,000 rows or more "
+                              "shares each selection's key scan among them -- the exhaustive "
+                              "baseline's product uses the BLAS threads)", metavar="n")
     distributed: bool = opt(False, _flag(), "hash the pool on the cluster (the cluster options; "
                             "default a LocalCluster) and select with tasks, the pool's rows "
                             "held by the workers; dense pools.  Default: everything in this "
@@ -549,6 +554,10 @@ class ActiveConfig(Section):
         if not all(names) or any(m not in known for m in names) or len(set(names)) < len(names):
             raise InputError(f"methods={self.methods!r}: a comma-separated list of distinct "
                              f"methods among {', '.join(known)}")
+        if self.distributed and self.threads is not None:
+            raise InputError(f"threads={self.threads} is for the pool in this process; with "
+                             "distributed the workers select (--workers: one thread each): "
+                             "drop threads or distributed")
 
     @property
     def method_list(self) -> tuple[str, ...]:

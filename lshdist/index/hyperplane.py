@@ -35,6 +35,9 @@ from lshdist._kernels.hyperplane import (
     rank_candidates,
     rerank_margin_dense,
     rerank_margin_sparse,
+    scores_and_counts,
+    take_smallest,
+    unflip_v,
 )
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
 from lshdist.errors import InputError, NotFittedError
@@ -56,6 +59,13 @@ RANK_CANDIDATES = 500
 #: sparse H-Hash keeps the Gaussians of the pool's features up to this many (512 MB float32:
 #: 20 Newsgroups' 73,712 features x 1,024 bits take 302 MB)
 CACHED_GAUSSIANS = 2**27
+#: mode "rank" shares one hyperplane's key scan among threads only when each gets at least
+#: this many rows (1,024-bit keys, cold, 2 threads against 1: 0.79x at 60,000 rows, 1.1x at
+#: 120,000, 1.3x at 240,000, 1.7x at 1,020,000 -- a thread hand-off costs ~0.2-0.3 ms)
+SPLIT_ROWS = 100_000
+#: dense rows centred or scaled for their keys, hashed this many at a time (`encode_points`:
+#: 103 MB of float64 at 785 features)
+ENCODE_BLOCK_ROWS = 16_384
 
 
 def _inverse_norms(W: Block, d: int | None) -> np.ndarray:
@@ -278,9 +288,28 @@ def encode_points(family: HyperplaneFamily, X: RowsLike, center: np.ndarray | No
     elif center is None and isinstance(X, SparseBlock):
         keys = family.hash(SparseBlock(X.matrix * (1.0 / bias_scale), X.features))
     else:
-        Xd = np.asarray(X, np.float64)
-        keys = family.hash((Xd if center is None else Xd - center[None, :]) / bias_scale)
+        # the rows as hashed, ENCODE_BLOCK_ROWS at a time: float64 copies of a whole pool
+        # (three: converted, centred, scaled -- 19 GB for 1 M Fashion-MNIST rows) are never
+        # made; a row's key does not depend on the blocks (`HashFamily.hash`)
+        Xa = np.asarray(X)
+        keys = np.empty((len(Xa), (family.bits + 63) // 64), np.uint64)
+        for lo in range(0, len(Xa), ENCODE_BLOCK_ROWS):
+            Xd = Xa[lo:lo + ENCODE_BLOCK_ROWS].astype(np.float64)  # a copy: X is not changed
+            if center is not None:
+                Xd -= center[None, :]
+            Xd /= bias_scale
+            keys[lo:lo + ENCODE_BLOCK_ROWS] = family.hash(Xd)
     return keys, _payload(B)
+
+
+def row_mean(X: np.ndarray) -> np.ndarray:
+    """The mean of dense rows in float64, summed 8,192 rows at a time (no float64 copy of the
+    rows)."""
+    total = np.zeros(X.shape[1])
+    for lo in range(0, len(X), 8192):
+        total += np.asarray(X[lo:lo + 8192], np.float64).sum(axis=0)
+    out: np.ndarray = total / max(len(X), 1)
+    return out
 
 
 def encode_hyperplanes(family: HyperplaneFamily, W: RowsLike,
@@ -290,17 +319,17 @@ def encode_hyperplanes(family: HyperplaneFamily, W: RowsLike,
     ``center``: the keys hash ``(w, b + w^T center)``, the same hyperplane in the centred
     coordinates of `encode_points`; ``bias_scale`` c: ``(w, b / c)``, the same hyperplane
     for the points ``(x / c, 1)``; the payload keeps ``(w, b)``."""
-    raw = family._check(W, "hyperplane normals", exact=True)
+    raw = family._check(W, "hyperplane normals", exact=True)  # the one check of the normals
     inv = _inverse_norms(raw, family.d)
-    B = family.queries(W, offsets)
+    B = family.with_offsets(raw, offsets)
     if center is None and bias_scale == 1.0:
-        keys = family.hash_queries(W, offsets)
+        keys = family.hash_query_block(B)
     else:
         b = (np.zeros(n_rows(raw)) if offsets is None
              else np.asarray(offsets, np.float64).ravel())
         if center is not None:
             b = b + np.asarray(raw, np.float64) @ center
-        keys = family.hash_queries(raw, b / bias_scale)
+        keys = family.hash_query_block(family.with_offsets(raw, b / bias_scale))
     return keys, _payload(B, inv)
 
 
@@ -397,7 +426,7 @@ class HyperplaneIndex:
                                          bias=self.bias, samples=self.samples)
         self.center_: np.ndarray | None = None
         if self.center and not isinstance(B, SparseBlock) and len(B):
-            self.center_ = np.asarray(B, np.float64).mean(axis=0)
+            self.center_ = row_mean(np.asarray(B))
         if (isinstance(B, SparseBlock) and isinstance(self.family_, HHash)
                 and len(B.features) * self.bits <= CACHED_GAUSSIANS):
             # a query normal spans thousands of the pool's features: their Gaussians are
@@ -471,11 +500,43 @@ def candidate_shares(candidates: int, rows: list[int]) -> list[int]:
     return [max(1, -(-int(candidates) * int(r) // n)) for r in rows]
 
 
+def _rank_rows_split(index: PermutationIndex, qcode: np.ndarray, qpayload: RerankPayload,
+                     k: int, candidates: int, paired: bool, spans: list[tuple[int, int]],
+                     max_score: int, pool: ThreadPoolExecutor
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """`rank_candidates` and the re-rank of one hyperplane, its key scores made by the pool's
+    threads over the row ranges ``spans`` (each counting its scores; the counts summed): the
+    same candidates as one thread finds."""
+    n, bits = len(index), int(index.bits_)
+    q = unflip_v(qcode, bits) if paired else np.ascontiguousarray(qcode)
+    scores = np.empty(n, np.int32)
+    hists = np.zeros((len(spans), max_score + 2), np.int64)
+    def count(i: int) -> None:
+        scores_and_counts(index.codes_, q, paired, bits, spans[i][0], spans[i][1], scores,
+                          hists[i])
+
+    # the first range on this thread: with every range on the pool's threads the split was
+    # no faster at 1 M rows (11.4 against 11.8 ms); this way 1.7x there
+    others = [pool.submit(count, i) for i in range(1, len(spans))]
+    count(0)
+    for f in others:
+        f.result()
+    keep = min(candidates, n)
+    rows = np.empty(keep, np.int64)
+    take_smallest(scores, hists.sum(axis=0), keep, max_score, rows)
+    dist, top = index.payload_.rerank(np.array([0, keep], np.int64), rows, qpayload, k,
+                                      index.ids_)
+    return dist, top
+
+
 def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int,
                 *, candidates: int = RANK_CANDIDATES, paired: bool = True, n_threads: int = 1
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Mode ``"rank"`` on one segment: every key's angle score, the ``candidates`` smallest
-    re-ranked by the exact margin (ties of the score by row, of the margin by id)."""
+    re-ranked by the exact margin (ties of the score by row, of the margin by id).
+    ``n_threads``: the hyperplanes shared among threads; with fewer hyperplanes than threads
+    on a segment of at least ``SPLIT_ROWS`` rows a thread, each hyperplane's key scan is
+    shared instead (the same candidates)."""
     if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) \
             or candidates < 1:
         raise InputError(f"candidates={candidates!r}: rows re-ranked per hyperplane must be an "
@@ -489,18 +550,26 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
                          f"{index.codes_.shape[1]} words of 64 bits: hash the hyperplanes with "
                          "the family the segment was built with")
     index.payload_.prepare(n_threads)  # what the re-rank keeps, made before threads share it
+    max_score = 64 * int(index.codes_.shape[1])
 
     def run(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = part
         offsets, rows = rank_candidates(index.codes_, np.ascontiguousarray(qcodes[lo:hi]),
-                                        paired, int(candidates), int(index.bits_),
-                                        64 * int(index.codes_.shape[1]))
+                                        paired, int(candidates), int(index.bits_), max_score)
         dist, top = index.payload_.rerank(offsets, rows, qpayload.take(np.arange(lo, hi)), k,
                                           index.ids_)
         return dist, top
 
+    spans = row_ranges(len(index), min(n_threads, len(index) // SPLIT_ROWS))
     parts = row_ranges(Q, n_threads) or [(0, Q)]
-    if len(parts) == 1:
+    if len(spans) > 1 and len(parts) < len(spans):
+        # fewer hyperplanes than threads on a large segment (a selection round): the threads
+        # share each hyperplane's key scan, the segment's rows cut in ranges
+        with ThreadPoolExecutor(len(spans) - 1) as pool:
+            results = [_rank_rows_split(index, qcodes[q], qpayload.take(np.arange(q, q + 1)),
+                                        k, int(candidates), paired, spans, max_score, pool)
+                       for q in range(Q)]
+    elif len(parts) == 1:
         results = [run(parts[0])]
     else:
         with ThreadPoolExecutor(len(parts)) as pool:

@@ -161,6 +161,31 @@ def test_centred_keys_leave_the_margins_unchanged(family):
     np.testing.assert_allclose(dist_s, np.sort(ref, axis=1)[:, :5], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_centred_keys_are_hashed_in_blocks(monkeypatch, dtype):
+    """`encode_points` hashes centred / scaled rows ``ENCODE_BLOCK_ROWS`` at a time (no float64
+    copy of a whole pool): the keys equal the whole-array reference ``hash((x - mu) / c)``
+    with blocks of 7 rows and a ragged last block, and the caller's rows (float64: the block
+    is a view's copy, never the rows themselves) are not changed.  Bugs caught: a block's rows
+    written at the wrong offset, the last block dropped, the rows centred in place."""
+    import lshdist.index.hyperplane as hp
+
+    X, _, ids = _data(seed=8)
+    X = (X * 3.0 + 2.0).astype(dtype)
+    before = X.copy()
+    whole = HyperplaneIndex(family="h-hash", bits=128, bias=True, center=True, seed=4).fit(X, ids)
+    monkeypatch.setattr(hp, "ENCODE_BLOCK_ROWS", 7)
+    assert len(X) % 7
+    idx = HyperplaneIndex(family="h-hash", bits=128, bias=True, center=True, seed=4).fit(X, ids)
+    np.testing.assert_array_equal(X, before)
+    mu = X.astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(idx.center_, mu, rtol=1e-12, atol=1e-12)
+    ref = idx.family_.hash((X.astype(np.float64) - idx.center_) / idx.bias_scale_)
+    order = np.argsort(idx.index_.ids_, kind="stable")
+    np.testing.assert_array_equal(idx.index_.codes_[order], ref[np.argsort(ids, kind="stable")])
+    np.testing.assert_array_equal(idx.index_.codes_, whole.index_.codes_)
+
+
 @pytest.mark.parametrize("center", [False, True])
 def test_bias_scale_keys_and_margins(center):
     """``bias_scale`` c (default: the centred rows' RMS norm, 1 for rows as given): the keys
@@ -376,3 +401,46 @@ def test_rank_mode_finds_small_margins_on_fashion(fashion):
     offsets, rows = rank_candidates(idx.index_.codes_, qcodes, True, 500, 1024, 1024)
     cand_med = np.median([np.median(M[rows[offsets[q]:offsets[q + 1]], q]) for q in range(10)])
     assert cand_med < 0.7 * np.median(M)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("mode", ["hash", "rank", "scan"])
+def test_non_finite_offsets_are_refused(bad, mode):
+    """A NaN or infinite offset b made every margin NaN / inf: the query returned no rows (ids
+    -1) without a word.  Now refused, naming the hyperplane."""
+    X, W, ids = _data(seed=9)
+    idx = HyperplaneIndex(family="h-hash", bits=32, bias=True, seed=1).fit(X, ids)
+    b = np.zeros(len(W))
+    b[4] = bad
+    with pytest.raises(InputError, match=r"offsets hold 1 NaN or infinite value\(s\), the first "
+                                         r"for hyperplane 4 .*needs a finite b"):
+        idx.query(W, 3, offsets=b, mode=mode)
+
+
+@pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
+def test_rank_key_scan_split_among_threads_finds_the_same_rows(monkeypatch, family):
+    """Fewer hyperplanes than threads on a segment of at least ``SPLIT_ROWS`` rows a thread:
+    the threads share each hyperplane's key scan over row ranges, their score counts summed.
+    The candidates, margins and ids equal one thread's (ties in the score included: 32-bit
+    keys tie often), for 1 and for 3 hyperplanes on 4 threads, and the split path ran.
+    Bugs caught: a range's counts dropped or counted twice (another cut), rows of a range
+    scored against another hyperplane, the v bits not flipped back."""
+    import lshdist.index.hyperplane as hp
+
+    X, W, ids = _data(seed=11, n=1000)
+    b = np.random.default_rng(12).normal(size=len(W))
+    idx = HyperplaneIndex(family=family, bits=32, bias=True, seed=3).fit(X, ids)
+    want = idx.query(W, 7, offsets=b, mode="rank", candidates=60, n_threads=1)
+    calls = []
+    real = hp._rank_rows_split
+    monkeypatch.setattr(hp, "_rank_rows_split", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(hp, "SPLIT_ROWS", 150)
+    for q in ([4], [0, 5, 8]):
+        got = idx.query(W[q], 7, offsets=b[q], mode="rank", candidates=60, n_threads=4)
+        np.testing.assert_array_equal(got[1], want[1][q])
+        np.testing.assert_array_equal(got[0], want[0][q])
+    assert len(calls) == 4  # one per hyperplane: the split path ran
+    calls.clear()  # as many hyperplanes as threads: split by hyperplanes, as before
+    got = idx.query(W[:4], 7, offsets=b[:4], mode="rank", candidates=60, n_threads=4)
+    np.testing.assert_array_equal(got[1], want[1][:4])
+    assert not calls

@@ -78,6 +78,7 @@ def test_active_errors(digits, tmp_path, capsys):
                            (["--classes", "11"], "the pool has only 10 classes"),
                            (["--class-weight", "auto"], "expected one of balanced, none"),
                            (["--eval-every", "0"], "--eval-every: '0': expected an integer >= 1"),
+                           (["--threads", "0"], "--threads: '0': expected an integer >= 1"),
                            (["--test", str(digits / "narrow")],
                             "the test rows have 60 features, the pool's 64")]:
         capsys.readouterr()
@@ -273,7 +274,10 @@ def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
                            (["--pool", str(digits / "unlabelled")], "has no labels"),
                            (["--pool", str(tmp_path / "ids")], "not its row numbers"),
                            (["--pool", str(digits / "pool"), "--rounds", "5000"],
-                            "rounds=5000: the pool has only")]:
+                            "rounds=5000: the pool has only"),
+                           (["--pool", str(digits / "pool"), "--threads", "2"],
+                            "threads=2 is for the pool in this process; with distributed the "
+                            "workers select")]:
         capsys.readouterr()
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
