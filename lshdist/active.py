@@ -142,7 +142,10 @@ class LocalPool:
         s = self.settings
         t0 = time.perf_counter()
         self.indexes[method] = HyperplaneIndex(
-            family=method, bits=s.bits, n_permutations=s.permutations, window=s.window,
+            # search rank reads no list: one (as on the cluster), not 12 bytes a row for each
+            # of --permutations
+            family=method, bits=s.bits, window=s.window,
+            n_permutations=s.permutations if s.search == "lists" else 1,
             samples=s.eh_samples if method == "eh-hash" else None, bias=True,
             center=s.center, seed=s.seed,
         ).fit(self.pool, n_threads=self.threads)

@@ -90,3 +90,31 @@ def keep_freed_memory() -> bool:
     accepted = [mallopt(_MALLOPT[k], v) == 1 for k, v in DRIVER_MALLOC.items()
                 if k != "M_MMAP_THRESHOLD"]  # every one, whatever the others did
     return all(accepted)
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
+                     ) -> int | None:
+    """Bytes this process may still allocate, as far as the system says: the kernel's
+    ``MemAvailable``, lowered to what a cgroup v2 limit leaves (``memory.max`` less
+    ``memory.current``: a container's or a batch job's limit); None where neither is known
+    (not Linux).  A guard against allocations that would get the process killed, not a
+    reservation: what others allocate meanwhile is not counted."""
+    free: int | None = None
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        free = None
+    try:
+        with open(f"{cgroup}/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open(f"{cgroup}/memory.current") as f:
+                left = max(0, int(limit) - int(f.read().strip()))
+            free = left if free is None else min(free, left)
+    except (OSError, ValueError):
+        pass
+    return free

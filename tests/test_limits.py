@@ -96,3 +96,27 @@ def test_driver_malloc_applied_unless_the_user_set_it(monkeypatch):
                           "print(keep_freed_memory())"], capture_output=True, text=True,
                          env=env, check=True).stdout.strip()
     assert got == str(platform.libc_ver()[0] == "glibc")
+
+
+def test_available_memory_reads_meminfo_and_a_cgroup_limit(tmp_path):
+    """MemAvailable in bytes; a cgroup v2 ``memory.max`` lowers it to the limit less what the
+    cgroup uses; ``max`` (no limit) leaves it; nothing readable: None.  Bugs caught: kB taken
+    as bytes, the limit taken without what is in use, an unlimited cgroup read as a number."""
+    from lshdist.limits import available_memory
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\n"
+                    "MemAvailable:   20000000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert available_memory(str(info), str(cg)) == 20_000_000 * 1024  # no cgroup files
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    assert available_memory(str(info), str(cg)) == 20_000_000 * 1024
+    (cg / "memory.max").write_text(f"{8 << 30}\n")
+    (cg / "memory.current").write_text(f"{3 << 30}\n")
+    assert available_memory(str(info), str(cg)) == 5 << 30
+    assert available_memory(str(tmp_path / "none"), str(cg)) == 5 << 30
+    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    real = available_memory()
+    assert real is None or real > 0

@@ -19,6 +19,7 @@ from lshdist._kernels.sort import radix_argsort_u64
 from lshdist.blocks import row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
+from lshdist.limits import available_memory
 from lshdist.validation import check_k
 
 if TYPE_CHECKING:
@@ -200,6 +201,26 @@ def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
     return np.stack(rows).astype(np.int64)
 
 
+def check_list_memory(M: int, N: int) -> None:
+    """Refuse M permutation lists of N rows (12 bytes a row a list: the uint64 prefix and the
+    int32 row) that would not fit in the memory available (`available_memory`): the default
+    M = 2 sqrt(N) of 1,020,000 rows asks for 24.7 GB, and a process that allocates it is
+    killed by the system without a word.
+
+    Raises
+    ------
+    InputError
+        If the lists need more bytes than are available."""
+    need = 12 * int(M) * int(N)
+    free = available_memory()
+    if free is not None and need > free:
+        raise InputError(
+            f"the {M:,} permutation lists of {N:,} rows need {need / 2**30:.1f} GiB (12 bytes "
+            f"a row a list), more than the {free / 2**30:.1f} GiB of memory available: give "
+            f"fewer lists (n_permutations / --permutations, e.g. {max(1, free // (24 * N)):,}; "
+            "hyperplane queries in mode 'rank' read none) or fewer rows per segment")
+
+
 class PermutationIndex:
     """M random permutations of the key bits; per permutation the rows sorted by permuted key.
 
@@ -241,6 +262,7 @@ class PermutationIndex:
         if self.hamming_keep < 0:
             raise InputError(f"hamming_keep={self.hamming_keep}: must be >= 0")
         M = resolve_permutations(N, epsilon=self.epsilon, permutations=self.n_permutations)
+        check_list_memory(M, N)
         rng = np.random.default_rng(self.seed)
         positions = draw_positions(rng, bits, M)
         sorted_prefix = np.empty((M, N), dtype=np.uint64)

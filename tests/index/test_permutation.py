@@ -215,3 +215,22 @@ def test_query_block_bounds_positions_and_sub_block_the_candidate_rows():
     wide = sub_block(128, 64, 0, 10**6)  # every window entry kept: 16,384 rows a query
     assert wide * 16_384 * 8 <= SUB_BYTES and wide >= 16
     assert sub_block(128, 64, 0, 50) == SUB_BLOCK  # at most N distinct rows a query
+
+
+def test_lists_that_would_not_fit_in_memory_are_refused(monkeypatch):
+    """M lists of N rows take 12 M N bytes; more than the memory available is refused with
+    the sizes and a number of lists that fits, before anything is allocated (the default
+    M = 2 sqrt(N) at 1,020,000 rows asked for 24.7 GB and the process was killed)."""
+    import lshdist.index.permutation as perm
+    from lshdist.index.hyperplane import HyperplaneIndex
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1000, 6)).astype(np.float32)
+    monkeypatch.setattr(perm, "available_memory", lambda: 12 * 64 * 1000 - 1)
+    with pytest.raises(InputError, match=r"the 64 permutation lists of 1,000 rows need 0\.0 GiB "
+                                         r"\(12 bytes a row a list\), more than the 0\.0 GiB of "
+                                         r"memory available: give fewer lists .*e\.g\. 31;"):
+        HyperplaneIndex(bits=64, n_permutations=64).fit(X)
+    HyperplaneIndex(bits=64, n_permutations=63).fit(X)  # fits
+    monkeypatch.setattr(perm, "available_memory", lambda: None)  # unknown: not refused
+    HyperplaneIndex(bits=64, n_permutations=64).fit(X)
