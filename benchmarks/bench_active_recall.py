@@ -58,8 +58,8 @@ EXTRA = int(os.environ.get("EXTRA", "100"))
 REPS = int(os.environ.get("BENCH_REPS", "15"))  # alternated timing pairs per hyperplane
 K = 10
 SVM_SCALE = os.environ.get("BENCH_SVM_SCALE", "rms")
-#: threads of the hashed query (the exhaustive product has the BLAS threads, as many):
-#: `rank_search` shares a hyperplane's key scan among them from 200,000 rows
+#: threads of the hashed query (the exhaustive product has the BLAS threads, as many); one
+#: hyperplane's query runs on one of them (`rank_search` shares hyperplanes among threads)
 THREADS = int(os.environ.get("BENCH_QUERY_THREADS", str(common.N_THREADS)))
 
 

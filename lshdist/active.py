@@ -153,8 +153,7 @@ class LocalPool:
         log.info("%s index of %d pool rows: %.1fs", method, self.n, self.build_seconds[method])
         # compile / load the query kernels before any selection is timed
         self.indexes[method].query(_query_rows(self.pool, np.ones(_width(self.pool))), 1,
-                                   offsets=np.zeros(1), n_threads=self.threads,
-                                   **_search(s))
+                                   offsets=np.zeros(1), **_search(s))
 
     def rows(self, rows: np.ndarray) -> Any:
         return self._rows[rows]
@@ -167,7 +166,7 @@ class LocalPool:
             return order[np.lexsort((order, M[order]))], len(M)
         index = self.indexes[method]
         _, ids = index.query(_query_rows(self.pool, w), k, offsets=np.array([b]),
-                             n_threads=self.threads, **_search(self.settings))
+                             **_search(self.settings))
         return ids[0], int(index.stats_["reranked"].sum())
 
 

@@ -539,10 +539,8 @@ class ActiveConfig(Section):
                        "projections barely tell apart (CLI: --no-center hashes them as given)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
     threads: int | None = opt(None, _optional(POSITIVE),
-                              "threads of the hashing and the hashed selection in this process "
-                              "(default: the cores available; a pool of 200,000 rows or more "
-                              "shares each selection's key scan among them -- the exhaustive "
-                              "baseline's product uses the BLAS threads)", metavar="n")
+                              "threads that hash the pool and build its index in this process "
+                              "(default: the cores available)", metavar="n")
     distributed: bool = opt(False, _flag(), "hash the pool on the cluster (the cluster options; "
                             "default a LocalCluster) and select with tasks, the pool's rows "
                             "held by the workers; dense pools.  Default: everything in this "

@@ -35,9 +35,6 @@ from lshdist._kernels.hyperplane import (
     rank_candidates,
     rerank_margin_dense,
     rerank_margin_sparse,
-    scores_and_counts,
-    take_smallest,
-    unflip_v,
 )
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
 from lshdist.errors import InputError, NotFittedError
@@ -59,10 +56,6 @@ RANK_CANDIDATES = 500
 #: sparse H-Hash keeps the Gaussians of the pool's features up to this many (512 MB float32:
 #: 20 Newsgroups' 73,712 features x 1,024 bits take 302 MB)
 CACHED_GAUSSIANS = 2**27
-#: mode "rank" shares one hyperplane's key scan among threads only when each gets at least
-#: this many rows (1,024-bit keys, cold, 2 threads against 1: 0.79x at 60,000 rows, 1.1x at
-#: 120,000, 1.3x at 240,000, 1.7x at 1,020,000 -- a thread hand-off costs ~0.2-0.3 ms)
-SPLIT_ROWS = 100_000
 #: dense rows centred or scaled for their keys, hashed this many at a time (`encode_points`:
 #: 103 MB of float64 at 785 features)
 ENCODE_BLOCK_ROWS = 16_384
@@ -500,43 +493,14 @@ def candidate_shares(candidates: int, rows: list[int]) -> list[int]:
     return [max(1, -(-int(candidates) * int(r) // n)) for r in rows]
 
 
-def _rank_rows_split(index: PermutationIndex, qcode: np.ndarray, qpayload: RerankPayload,
-                     k: int, candidates: int, paired: bool, spans: list[tuple[int, int]],
-                     max_score: int, pool: ThreadPoolExecutor
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """`rank_candidates` and the re-rank of one hyperplane, its key scores made by the pool's
-    threads over the row ranges ``spans`` (each counting its scores; the counts summed): the
-    same candidates as one thread finds."""
-    n, bits = len(index), int(index.bits_)
-    q = unflip_v(qcode, bits) if paired else np.ascontiguousarray(qcode)
-    scores = np.empty(n, np.int32)
-    hists = np.zeros((len(spans), max_score + 2), np.int64)
-    def count(i: int) -> None:
-        scores_and_counts(index.codes_, q, paired, bits, spans[i][0], spans[i][1], scores,
-                          hists[i])
-
-    # the first range on this thread: with every range on the pool's threads the split was
-    # no faster at 1 M rows (11.4 against 11.8 ms); this way 1.7x there
-    others = [pool.submit(count, i) for i in range(1, len(spans))]
-    count(0)
-    for f in others:
-        f.result()
-    keep = min(candidates, n)
-    rows = np.empty(keep, np.int64)
-    take_smallest(scores, hists.sum(axis=0), keep, max_score, rows)
-    dist, top = index.payload_.rerank(np.array([0, keep], np.int64), rows, qpayload, k,
-                                      index.ids_)
-    return dist, top
-
-
 def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPayload, k: int,
                 *, candidates: int = RANK_CANDIDATES, paired: bool = True, n_threads: int = 1
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Mode ``"rank"`` on one segment: every key's angle score, the ``candidates`` smallest
     re-ranked by the exact margin (ties of the score by row, of the margin by id).
-    ``n_threads``: the hyperplanes shared among threads; with fewer hyperplanes than threads
-    on a segment of at least ``SPLIT_ROWS`` rows a thread, each hyperplane's key scan is
-    shared instead (the same candidates)."""
+    ``n_threads``: the hyperplanes shared among threads.  (One hyperplane's key scan split
+    among threads was tried: 1.46x at 1 M rows with the kernels called directly, none through
+    a query -- 11.3 against 10.7 ms -- and dropped.)"""
     if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) \
             or candidates < 1:
         raise InputError(f"candidates={candidates!r}: rows re-ranked per hyperplane must be an "
@@ -560,16 +524,8 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
                                           index.ids_)
         return dist, top
 
-    spans = row_ranges(len(index), min(n_threads, len(index) // SPLIT_ROWS))
     parts = row_ranges(Q, n_threads) or [(0, Q)]
-    if len(spans) > 1 and len(parts) < len(spans):
-        # fewer hyperplanes than threads on a large segment (a selection round): the threads
-        # share each hyperplane's key scan, the segment's rows cut in ranges
-        with ThreadPoolExecutor(len(spans) - 1) as pool:
-            results = [_rank_rows_split(index, qcodes[q], qpayload.take(np.arange(q, q + 1)),
-                                        k, int(candidates), paired, spans, max_score, pool)
-                       for q in range(Q)]
-    elif len(parts) == 1:
+    if len(parts) == 1:
         results = [run(parts[0])]
     else:
         with ThreadPoolExecutor(len(parts)) as pool:

@@ -415,32 +415,3 @@ def test_non_finite_offsets_are_refused(bad, mode):
     with pytest.raises(InputError, match=r"offsets hold 1 NaN or infinite value\(s\), the first "
                                          r"for hyperplane 4 .*needs a finite b"):
         idx.query(W, 3, offsets=b, mode=mode)
-
-
-@pytest.mark.parametrize("family", ["h-hash", "eh-hash"])
-def test_rank_key_scan_split_among_threads_finds_the_same_rows(monkeypatch, family):
-    """Fewer hyperplanes than threads on a segment of at least ``SPLIT_ROWS`` rows a thread:
-    the threads share each hyperplane's key scan over row ranges, their score counts summed.
-    The candidates, margins and ids equal one thread's (ties in the score included: 32-bit
-    keys tie often), for 1 and for 3 hyperplanes on 4 threads, and the split path ran.
-    Bugs caught: a range's counts dropped or counted twice (another cut), rows of a range
-    scored against another hyperplane, the v bits not flipped back."""
-    import lshdist.index.hyperplane as hp
-
-    X, W, ids = _data(seed=11, n=1000)
-    b = np.random.default_rng(12).normal(size=len(W))
-    idx = HyperplaneIndex(family=family, bits=32, bias=True, seed=3).fit(X, ids)
-    want = idx.query(W, 7, offsets=b, mode="rank", candidates=60, n_threads=1)
-    calls = []
-    real = hp._rank_rows_split
-    monkeypatch.setattr(hp, "_rank_rows_split", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(hp, "SPLIT_ROWS", 150)
-    for q in ([4], [0, 5, 8]):
-        got = idx.query(W[q], 7, offsets=b[q], mode="rank", candidates=60, n_threads=4)
-        np.testing.assert_array_equal(got[1], want[1][q])
-        np.testing.assert_array_equal(got[0], want[0][q])
-    assert len(calls) == 4  # one per hyperplane: the split path ran
-    calls.clear()  # as many hyperplanes as threads: split by hyperplanes, as before
-    got = idx.query(W[:4], 7, offsets=b[:4], mode="rank", candidates=60, n_threads=4)
-    np.testing.assert_array_equal(got[1], want[1][:4])
-    assert not calls
