@@ -62,8 +62,16 @@ def configure_logging(verbose: int) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lshdist").setLevel(logging.DEBUG if verbose else logging.INFO)
     dask_level = ("debug", "info", "warning")[max(0, 2 - verbose)]
-    # distributed reads this when it is first imported, which happens after this point
+    # distributed sets its loggers' levels from dask's config when it is first imported,
+    # after this point; dask reads its environment when *it* is first imported -- which
+    # building the parser has already done (`lshdist.cluster` registers its sizes with dask):
+    # the level goes into the loaded config too, or distributed logs at INFO (dozens of lines
+    # a job, and a traceback when a stream closes at shutdown).  A user's own setting stands.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
+    if "dask.config" in sys.modules:
+        import dask.config
+
+        dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
     for noisy in ("distributed", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(dask_level.upper())
 

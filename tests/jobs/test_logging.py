@@ -1,0 +1,39 @@
+"""The command line's log levels reach Dask's loggers, however the imports fall."""
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import logging, sys
+import lshdist.cli as cli
+cli.build_parser()  # imports dask (lshdist.cluster registers its sizes) before the levels are set
+cli.configure_logging(int(sys.argv[1]))
+import distributed  # sets its loggers from dask's config on first import
+print(logging.getLogger("distributed").getEffectiveLevel(),
+      logging.getLogger("distributed.scheduler").getEffectiveLevel())
+"""
+
+
+@pytest.mark.parametrize(("verbose", "level"), [(0, 30), (1, 20), (2, 10)])
+def test_dask_loggers_follow_the_verbosity(verbose, level):
+    """Without -v Dask logs warnings only (-v: INFO, -vv: DEBUG).  The parser's imports load
+    dask's config before `configure_logging` runs, and distributed, imported later, set its
+    loggers to INFO from it: every Dask job printed dozens of scheduler lines and, at
+    shutdown, a closed stream's traceback.  A fresh interpreter: distributed must not be
+    imported yet."""
+    env_free = {k: v for k, v in __import__("os").environ.items()
+                if not k.startswith("DASK_LOGGING")}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(verbose)], capture_output=True,
+                         text=True, env=env_free, check=True).stdout.split()
+    assert out == [str(level), str(level)]
+
+
+def test_a_users_dask_logging_setting_stands():
+    import os
+
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error"}
+    out = subprocess.run([sys.executable, "-c", PROBE, "0"], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == ["40", "40"]
