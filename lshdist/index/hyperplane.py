@@ -500,7 +500,10 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
     re-ranked by the exact margin (ties of the score by row, of the margin by id).
     ``n_threads``: the hyperplanes shared among threads.  (One hyperplane's key scan split
     among threads was tried: 1.46x at 1 M rows with the kernels called directly, none through
-    a query -- 11.3 against 10.7 ms -- and dropped.)"""
+    a query -- 11.3 against 10.7 ms -- and dropped.  The cause, measured: the query's own
+    BLAS product (hashing the normal) leaves OpenBLAS's second thread spinning on the other
+    core for a while, and the split's second thread shares that core: 6.8 ms split without a
+    product before it, 10.1 ms after one, 9.2 ms on one thread either way.)"""
     if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) \
             or candidates < 1:
         raise InputError(f"candidates={candidates!r}: rows re-ranked per hyperplane must be an "
