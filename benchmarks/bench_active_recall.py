@@ -133,7 +133,7 @@ def stage_times(idx, planes, exhaustive):
     """Where a dense mode-rank query's time goes, per hyperplane: hashing the normal
     (`encode_hyperplanes`), every key's angle score and the ``RANK`` smallest
     (`rank_candidates`, one thread), the exact re-rank, and the whole `HyperplaneIndex.query`
-    on ``THREADS`` threads (the rest: checks and bookkeeping, or the split scan); medians
+    on ``THREADS`` threads (the rest: checks and bookkeeping); medians
     over ``REPS`` repeats of each hyperplane, *cold* (each right after an exhaustive product,
     which evicts the keys and coefficients from cache, as in the paired timing) and *warm*
     (the same query again at once)."""

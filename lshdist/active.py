@@ -37,7 +37,6 @@ from lshdist.blocks import Block, SparseBlock, n_rows
 from lshdist.config import ActiveConfig
 from lshdist.errors import InputError
 from lshdist.index.hyperplane import HyperplaneIndex
-from lshdist.limits import available_cores
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,6 @@ class LocalPool:
         self.settings = settings
         self.indexes: dict[str, HyperplaneIndex] = {}
         self.build_seconds: dict[str, float] = {}
-        self.threads = settings.threads or available_cores()
 
     def build(self, method: str) -> None:
         s = self.settings
@@ -148,7 +146,7 @@ class LocalPool:
             n_permutations=s.permutations if s.search == "lists" else 1,
             samples=s.eh_samples if method == "eh-hash" else None, bias=True,
             center=s.center, seed=s.seed,
-        ).fit(self.pool, n_threads=self.threads)
+        ).fit(self.pool)
         self.build_seconds[method] = time.perf_counter() - t0
         log.info("%s index of %d pool rows: %.1fs", method, self.n, self.build_seconds[method])
         # compile / load the query kernels before any selection is timed

@@ -66,12 +66,14 @@ def configure_logging(verbose: int) -> None:
     # after this point; dask reads its environment when *it* is first imported -- which
     # building the parser has already done (`lshdist.cluster` registers its sizes with dask):
     # the level goes into the loaded config too, or distributed logs at INFO (dozens of lines
-    # a job, and a traceback when a stream closes at shutdown).  A user's own setting stands.
+    # a job, and a traceback when a stream closes at shutdown).  A user's own setting (the
+    # environment variable, a Dask YAML file) stands.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
     if "dask.config" in sys.modules:
         import dask.config
 
-        dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
+        if dask.config.get("logging.distributed", None) is None:
+            dask.config.set({"logging.distributed": dask_level})
     for noisy in ("distributed", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(dask_level.upper())
 

@@ -538,9 +538,6 @@ class ActiveConfig(Section):
                        "rows' RMS norm: pixels all lie in one narrow cone, which random "
                        "projections barely tell apart (CLI: --no-center hashes them as given)")
     seed: int = opt(0, SEED, "seed of the initial sets, hash functions and permutations")
-    threads: int | None = opt(None, _optional(POSITIVE),
-                              "threads that hash the pool and build its index in this process "
-                              "(default: the cores available)", metavar="n")
     distributed: bool = opt(False, _flag(), "hash the pool on the cluster (the cluster options; "
                             "default a LocalCluster) and select with tasks, the pool's rows "
                             "held by the workers; dense pools.  Default: everything in this "
@@ -552,10 +549,6 @@ class ActiveConfig(Section):
         if not all(names) or any(m not in known for m in names) or len(set(names)) < len(names):
             raise InputError(f"methods={self.methods!r}: a comma-separated list of distinct "
                              f"methods among {', '.join(known)}")
-        if self.distributed and self.threads is not None:
-            raise InputError(f"threads={self.threads} is for the pool in this process; with "
-                             "distributed the workers select (--workers: one thread each): "
-                             "drop threads or distributed")
 
     @property
     def method_list(self) -> tuple[str, ...]:

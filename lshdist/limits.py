@@ -92,13 +92,13 @@ def keep_freed_memory() -> bool:
     return all(accepted)
 
 
-def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
-                     ) -> int | None:
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup",
+                     proc_cgroup: str = "/proc/self/cgroup") -> int | None:
     """Bytes this process may still allocate, as far as the system says: the kernel's
-    ``MemAvailable``, lowered to what a cgroup v2 limit leaves (``memory.max`` less
-    ``memory.current``: a container's or a batch job's limit); None where neither is known
-    (not Linux).  A guard against allocations that would get the process killed, not a
-    reservation: what others allocate meanwhile is not counted."""
+    ``MemAvailable``, lowered to what the tightest memory limit of the process's cgroups
+    leaves (`cgroup_memory_left`: a container's, a batch job's or a systemd unit's); None
+    where neither is known (not Linux).  A guard against allocations that would get the
+    process killed, not a reservation: what others allocate meanwhile is not counted."""
     free: int | None = None
     try:
         with open(meminfo) as f:
@@ -108,13 +108,70 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgro
                     break
     except (OSError, ValueError, IndexError):
         free = None
+    left = cgroup_memory_left(cgroup, proc_cgroup)
+    if left is not None:
+        free = left if free is None else min(free, left)
+    return free
+
+
+#: a cgroup v1 limit at or above this is "no limit" (the kernel's unlimited is ~2**63)
+_UNLIMITED = 2**60
+
+
+def _read_int(path: str) -> int | None:
     try:
-        with open(f"{cgroup}/memory.max") as f:
-            limit = f.read().strip()
-        if limit != "max":
-            with open(f"{cgroup}/memory.current") as f:
-                left = max(0, int(limit) - int(f.read().strip()))
-            free = left if free is None else min(free, left)
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_value(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
     except (OSError, ValueError):
         pass
-    return free
+    return 0
+
+
+def cgroup_memory_left(cgroup: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup"
+                       ) -> int | None:
+    """Bytes left under the tightest memory limit among this process's cgroup and its
+    ancestors (cgroup v2: ``memory.max`` less ``memory.current``; v1: ``memory.limit_in_bytes``
+    less ``memory.usage_in_bytes``), the inactive page cache -- reclaimable -- not counted as
+    used (``inactive_file`` / ``total_inactive_file`` of ``memory.stat``); None where no limit
+    is set or none can be read.  Without a cgroup namespace (a batch scheduler's job step, a
+    systemd unit) the process's group is below the mount point: its path comes from
+    ``/proc/self/cgroup``, and every level up to the root is read."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best: int | None = None
+    for line in lines:
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            base, names = cgroup, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, names = f"{cgroup}/memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                               "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            where = "/".join([base, *parts[:depth]])
+            limit = _read_int(f"{where}/{names[0]}")
+            if limit is None or limit >= _UNLIMITED:
+                continue
+            used = _read_int(f"{where}/{names[1]}") or 0
+            cache = _stat_value(f"{where}/memory.stat", names[2])
+            left = max(0, limit - max(0, used - cache))
+            best = left if best is None else min(best, left)
+    return best

@@ -99,24 +99,48 @@ def test_driver_malloc_applied_unless_the_user_set_it(monkeypatch):
 
 
 def test_available_memory_reads_meminfo_and_a_cgroup_limit(tmp_path):
-    """MemAvailable in bytes; a cgroup v2 ``memory.max`` lowers it to the limit less what the
-    cgroup uses; ``max`` (no limit) leaves it; nothing readable: None.  Bugs caught: kB taken
-    as bytes, the limit taken without what is in use, an unlimited cgroup read as a number."""
+    """MemAvailable in bytes, lowered to the tightest limit of the process's cgroups: v2 with
+    the process's group below the mount point (a batch job step without a cgroup namespace:
+    every level up to the root is read), v1's memory controller; the inactive page cache is
+    not counted as used; "max" and v1's huge number mean no limit; nothing readable: None.
+    Bugs caught: kB taken as bytes, the limit taken without what is in use, reclaimable cache
+    counted as used (a container that has just read its data refused), only the mount
+    point's limit read (a job's own limit missed), an unlimited group read as a number."""
     from lshdist.limits import available_memory
 
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\n"
                     "MemAvailable:   20000000 kB\n")
-    cg = tmp_path / "cg"
-    cg.mkdir()
-    assert available_memory(str(info), str(cg)) == 20_000_000 * 1024  # no cgroup files
-    (cg / "memory.max").write_text("max\n")
-    (cg / "memory.current").write_text("123\n")
-    assert available_memory(str(info), str(cg)) == 20_000_000 * 1024
-    (cg / "memory.max").write_text(f"{8 << 30}\n")
-    (cg / "memory.current").write_text(f"{3 << 30}\n")
-    assert available_memory(str(info), str(cg)) == 5 << 30
-    assert available_memory(str(tmp_path / "none"), str(cg)) == 5 << 30
-    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    root = tmp_path / "cg"
+    job = root / "slurm" / "job_7" / "step_0"
+    job.mkdir(parents=True)
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("0::/slurm/job_7/step_0\n")
+    full = 20_000_000 * 1024
+    assert available_memory(str(info), str(root), str(proc)) == full  # no limit files
+    (root / "slurm" / "job_7" / "memory.max").write_text(f"{8 << 30}\n")
+    (root / "slurm" / "job_7" / "memory.current").write_text(f"{3 << 30}\n")
+    (root / "slurm" / "job_7" / "memory.stat").write_text(
+        f"anon 100\nfile {2 << 30}\ninactive_file {1 << 30}\nactive_file 5\n")
+    assert available_memory(str(info), str(root), str(proc)) == 6 << 30  # 8 - (3 - 1)
+    (job / "memory.max").write_text("max\n")
+    (job / "memory.current").write_text("123\n")
+    assert available_memory(str(info), str(root), str(proc)) == 6 << 30
+    (root / "memory.max").write_text(f"{5 << 30}\n")  # a tighter limit higher up
+    (root / "memory.current").write_text(f"{1 << 30}\n")
+    assert available_memory(str(info), str(root), str(proc)) == 4 << 30
+    assert available_memory(str(tmp_path / "none"), str(root), str(proc)) == 4 << 30
+    # cgroup v1: the memory controller's own hierarchy
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "docker" / "abc").mkdir(parents=True)
+    proc.write_text("12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    grp = v1 / "memory" / "docker" / "abc"
+    (grp / "memory.limit_in_bytes").write_text(f"{4 << 30}\n")
+    (grp / "memory.usage_in_bytes").write_text(f"{3 << 30}\n")
+    (grp / "memory.stat").write_text(f"cache 9\ntotal_inactive_file {2 << 30}\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert available_memory(str(info), str(v1), str(proc)) == 3 << 30  # 4 - (3 - 2)
+    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none"),
+                            str(tmp_path / "none")) is None
     real = available_memory()
     assert real is None or real > 0

@@ -201,24 +201,32 @@ def draw_positions(rng: np.random.Generator, bits: int, M: int) -> np.ndarray:
     return np.stack(rows).astype(np.int64)
 
 
-def check_list_memory(M: int, N: int) -> None:
-    """Refuse M permutation lists of N rows (12 bytes a row a list: the uint64 prefix and the
-    int32 row) that would not fit in the memory available (`available_memory`): the default
-    M = 2 sqrt(N) of 1,020,000 rows asks for 24.7 GB, and a process that allocates it is
-    killed by the system without a word.
+#: bytes a row a build thread needs besides the lists: the permuted prefixes, their sort
+#: order and the radix sort's buffers (8 bytes each), and the sorted prefixes' temporary
+BUILD_BYTES_PER_ROW = 40
+
+
+def check_list_memory(M: int, N: int, n_threads: int = 1) -> None:
+    """Refuse M permutation lists of N rows (the uint64 prefixes and the rows: 12 bytes a row
+    a list, 16 from 2**31 rows) that would not fit, with each build thread's temporaries, in
+    the memory available (`available_memory`): the default M = 2 sqrt(N) of 1,020,000 rows
+    asks for 24.7 GB, and a process that allocates it is killed by the system without a word.
 
     Raises
     ------
     InputError
         If the lists need more bytes than are available."""
-    need = 12 * int(M) * int(N)
+    per_list = (8 + (4 if N < 2**31 else 8)) * int(N)
+    need = int(M) * per_list + max(1, int(n_threads)) * BUILD_BYTES_PER_ROW * int(N)
     free = available_memory()
-    if free is not None and need > free:
-        raise InputError(
-            f"the {M:,} permutation lists of {N:,} rows need {need / 2**30:.1f} GiB (12 bytes "
-            f"a row a list), more than the {free / 2**30:.1f} GiB of memory available: give "
-            f"fewer lists (n_permutations / --permutations, e.g. {max(1, free // (24 * N)):,}; "
-            "hyperplane queries in mode 'rank' read none) or fewer rows per segment")
+    if free is None or need <= free:
+        return
+    fits = (free - max(1, int(n_threads)) * BUILD_BYTES_PER_ROW * int(N)) // per_list
+    how = (f"give fewer lists (n_permutations / --permutations; {fits:,} fit) or fewer rows "
+           "per segment" if fits >= 1 else "give fewer rows per segment: not one list fits")
+    raise InputError(f"the {M:,} permutation lists of {N:,} rows need {need / 2**30:.1f} GiB "
+                     f"with the build's temporaries, more than the {free / 2**30:.1f} GiB of "
+                     f"memory available: {how}")
 
 
 class PermutationIndex:
@@ -262,7 +270,7 @@ class PermutationIndex:
         if self.hamming_keep < 0:
             raise InputError(f"hamming_keep={self.hamming_keep}: must be >= 0")
         M = resolve_permutations(N, epsilon=self.epsilon, permutations=self.n_permutations)
-        check_list_memory(M, N)
+        check_list_memory(M, N, len(row_ranges(M, n_threads)))
         rng = np.random.default_rng(self.seed)
         positions = draw_positions(rng, bits, M)
         sorted_prefix = np.empty((M, N), dtype=np.uint64)

@@ -218,19 +218,27 @@ def test_query_block_bounds_positions_and_sub_block_the_candidate_rows():
 
 
 def test_lists_that_would_not_fit_in_memory_are_refused(monkeypatch):
-    """M lists of N rows take 12 M N bytes; more than the memory available is refused with
-    the sizes and a number of lists that fits, before anything is allocated (the default
-    M = 2 sqrt(N) at 1,020,000 rows asked for 24.7 GB and the process was killed)."""
+    """M lists of N rows take 12 M N bytes, and each build thread 40 N more; more than the
+    memory available is refused with the size and the number of lists that fits, before
+    anything is allocated (the default M = 2 sqrt(N) at 1,020,000 rows asked for 24.7 GB and
+    the process was killed).  Bugs caught: the threads' temporaries not counted, a count of
+    lists that does not fit suggested, nothing said when not even one list fits."""
     import lshdist.index.permutation as perm
     from lshdist.index.hyperplane import HyperplaneIndex
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(1000, 6)).astype(np.float32)
-    monkeypatch.setattr(perm, "available_memory", lambda: 12 * 64 * 1000 - 1)
+    room = 12 * 64 * 1000 + 40 * 1000
+    monkeypatch.setattr(perm, "available_memory", lambda: room - 1)
     with pytest.raises(InputError, match=r"the 64 permutation lists of 1,000 rows need 0\.0 GiB "
-                                         r"\(12 bytes a row a list\), more than the 0\.0 GiB of "
-                                         r"memory available: give fewer lists .*e\.g\. 31;"):
+                                         r"with the build's temporaries, more than the 0\.0 GiB "
+                                         r"of memory available: give fewer lists .*; 63 fit\)"):
         HyperplaneIndex(bits=64, n_permutations=64).fit(X)
     HyperplaneIndex(bits=64, n_permutations=63).fit(X)  # fits
+    with pytest.raises(InputError, match="need"):  # two build threads: 40 bytes a row more
+        HyperplaneIndex(bits=64, n_permutations=63).fit(X, n_threads=2)
+    monkeypatch.setattr(perm, "available_memory", lambda: 40 * 1000 + 11 * 1000)
+    with pytest.raises(InputError, match="give fewer rows per segment: not one list fits"):
+        HyperplaneIndex(bits=64, n_permutations=1).fit(X)
     monkeypatch.setattr(perm, "available_memory", lambda: None)  # unknown: not refused
     HyperplaneIndex(bits=64, n_permutations=64).fit(X)

@@ -78,7 +78,6 @@ def test_active_errors(digits, tmp_path, capsys):
                            (["--classes", "11"], "the pool has only 10 classes"),
                            (["--class-weight", "auto"], "expected one of balanced, none"),
                            (["--eval-every", "0"], "--eval-every: '0': expected an integer >= 1"),
-                           (["--threads", "0"], "--threads: '0': expected an integer >= 1"),
                            (["--test", str(digits / "narrow")],
                             "the test rows have 60 features, the pool's 64")]:
         capsys.readouterr()
@@ -274,11 +273,21 @@ def test_distributed_errors(digits, tmp_path, capsys, monkeypatch):
                            (["--pool", str(digits / "unlabelled")], "has no labels"),
                            (["--pool", str(tmp_path / "ids")], "not its row numbers"),
                            (["--pool", str(digits / "pool"), "--rounds", "5000"],
-                            "rounds=5000: the pool has only"),
-                           (["--pool", str(digits / "pool"), "--threads", "2"],
-                            "threads=2 is for the pool in this process; with distributed the "
-                            "workers select")]:
+                            "rounds=5000: the pool has only")]:
         capsys.readouterr()
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("search", "lists"), [("rank", 1), ("lists", 6)])
+def test_the_pool_builds_lists_only_for_search_lists(search, lists):
+    """Search rank reads no permutation list: the pool in this process builds one (as the
+    cluster's does), not ``permutations`` of them (12 bytes a row each: 768 at 64)."""
+    from lshdist.active import LocalPool
+    from lshdist.config import ActiveConfig
+
+    X = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    pool = LocalPool(X, ActiveConfig(search=search, permutations=6, bits=32))
+    pool.build("h-hash")
+    assert pool.indexes["h-hash"].index_.sorted_rows_.shape == (lists, 300)

@@ -37,3 +37,15 @@ def test_a_users_dask_logging_setting_stands():
     out = subprocess.run([sys.executable, "-c", PROBE, "0"], capture_output=True, text=True,
                          env=env, check=True).stdout.split()
     assert out == ["40", "40"]
+
+
+def test_a_dask_yaml_logging_setting_stands(tmp_path):
+    """A ``logging: distributed:`` entry of the user's Dask YAML is not overridden."""
+    import os
+
+    (tmp_path / "mine.yaml").write_text("logging:\n  distributed: error\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_LOGGING")}
+    env["DASK_CONFIG"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", PROBE, "0"], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == ["40", "40"]
