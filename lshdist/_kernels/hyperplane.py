@@ -224,26 +224,12 @@ def angle_scores(codes, qcode, paired, bits, out):
 
 
 @njit(cache=True, nogil=True)
-def scores_and_counts(codes, q, paired, bits, lo, hi, out, hist):
-    """`angle_scores` of rows ``lo:hi`` into ``out[lo:hi]`` (``q`` already `unflip_v`-ed when
-    ``paired``), each row's score counted in ``hist``: the histogram `take_smallest` needs,
-    made in the same pass (no second read of the scores; as fast as the two passes were,
-    1.00-1.04x, paired)."""
-    w = codes.shape[1]
-    half = np.int64(bits // 2)
-    for i in range(lo, hi):
-        h = np.int64(0)
-        for j in range(w):
-            h += np.int64(popcount64(codes[i, j] ^ q[j]))
-        s = abs(h - half) if paired else h
-        out[i] = s
+def smallest_rows(scores, keep, max_score, out):
+    """The ``keep`` rows of smallest score (ties by row) into ``out[:keep]`` in row order: one
+    counting pass over int32 ``scores`` bounded by ``max_score``, O(n)."""
+    hist = np.zeros(max_score + 2, np.int64)
+    for s in scores:
         hist[s] += 1
-
-
-@njit(cache=True, nogil=True)
-def take_smallest(scores, hist, keep, max_score, out):
-    """The ``keep`` rows of smallest score (ties by row) into ``out[:keep]`` in row order, given
-    ``hist``, the count of every score (``max_score + 2`` bins); returns how many were taken."""
     below = np.int64(0)
     cut = 0
     while cut <= max_score and below + hist[cut] < keep:
@@ -264,16 +250,6 @@ def take_smallest(scores, hist, keep, max_score, out):
 
 
 @njit(cache=True, nogil=True)
-def smallest_rows(scores, keep, max_score, out):
-    """The ``keep`` rows of smallest score (ties by row) into ``out[:keep]`` in row order: one
-    counting pass over int32 ``scores`` bounded by ``max_score``, O(n)."""
-    hist = np.zeros(max_score + 2, np.int64)
-    for s in scores:
-        hist[s] += 1
-    return take_smallest(scores, hist, keep, max_score, out)
-
-
-@njit(cache=True, nogil=True)
 def rank_candidates(codes, qcodes, paired, keep, bits, max_score):
     """For each query key the ``keep`` rows its `angle_scores` put nearest: CSR
     ``(offsets (Q+1,), rows)`` int64, rows ascending per query.  ``max_score`` bounds every
@@ -284,10 +260,7 @@ def rank_candidates(codes, qcodes, paired, keep, bits, max_score):
     offsets = np.arange(Q + 1).astype(np.int64) * keep
     rows = np.empty(Q * keep, np.int64)
     scores = np.empty(n, np.int32)
-    hist = np.empty(max_score + 2, np.int64)
     for q in range(Q):
-        hist[:] = 0
-        qq = unflip_v(qcodes[q], bits) if paired else qcodes[q]
-        scores_and_counts(codes, qq, paired, bits, 0, n, scores, hist)
-        take_smallest(scores, hist, keep, max_score, rows[q * keep:(q + 1) * keep])
+        angle_scores(codes, qcodes[q], paired, bits, scores)
+        smallest_rows(scores, keep, max_score, rows[q * keep:(q + 1) * keep])
     return offsets, rows

@@ -30,6 +30,8 @@ from lshdist.index.hyperplane import (
     candidate_shares,
     encode_hyperplanes,
     encode_points,
+    rms_from_sums,
+    row_sums,
     search_hyperplanes,
 )
 from lshdist.index.permutation import PermutationIndex, merge_topk
@@ -49,12 +51,6 @@ def read_pool_rows(data_path: str, start: int, stop: int) -> np.ndarray:
     """Dataset rows ``start:stop`` (dense)."""
     out: np.ndarray = np.asarray(Dataset(data_path).read_rows(start, stop))
     return out
-
-
-def row_stats(X: np.ndarray) -> tuple[np.ndarray, float, int]:
-    """``(sum of the rows (d,), sum of their squared norms, rows)``, float64."""
-    Xd = np.asarray(X, np.float64)
-    return Xd.sum(axis=0), float(np.einsum("ij,ij->", Xd, Xd)), len(Xd)
 
 
 def fit_pool_segment(X: np.ndarray, start: int, family: HyperplaneFamily,
@@ -184,16 +180,13 @@ class ClusterPool:
         rows = [client.submit(read_pool_rows, str(ds.path), a, b, pure=False,
                               workers=None if w is None else [w], allow_other_workers=True)
                 for (a, b), w in zip(self.bounds, where)]
-        stats = client.gather([client.submit(row_stats, r, pure=False) for r in rows])
+        stats = client.gather([client.submit(row_sums, r, pure=False) for r in rows])
         total = np.sum([st[0] for st in stats], axis=0)
         sq = float(sum(st[1] for st in stats))
         n = max(int(sum(st[2] for st in stats)), 1)
         self.center: np.ndarray | None = total / n if center else None
         # `default_bias_scale`: the centred rows' RMS norm, 1 for rows as given
-        self.bias_scale = 1.0
-        if self.center is not None:
-            ms = sq / n - float(self.center @ self.center)
-            self.bias_scale = float(np.sqrt(ms)) if np.isfinite(ms) and ms > 0 else 1.0
+        self.bias_scale = 1.0 if self.center is None else rms_from_sums(sq, n, self.center)
         self.segments = [client.submit(fit_pool_segment, r, a, fam_f, self.center,
                                        self.bias_scale, lists, window, seed, pure=False,
                                        workers=None if w is None else [w],

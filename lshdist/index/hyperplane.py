@@ -297,14 +297,18 @@ def encode_points(family: HyperplaneFamily, X: RowsLike, center: np.ndarray | No
     return keys, _payload(B)
 
 
-def row_mean(X: np.ndarray) -> np.ndarray:
-    """The mean of dense rows in float64, summed 8,192 rows at a time (no float64 copy of the
-    rows)."""
+def row_sums(X: np.ndarray) -> tuple[np.ndarray, float, int]:
+    """``(sum of the dense rows (d,), sum of their squared norms, rows)`` in float64, summed
+    8,192 rows at a time: no float64 copy of the rows (a 1 M-row pool's is 6.3 GB).  The pool
+    centre and RMS norm in one process (`HyperplaneIndex.fit`, `rms_norm`) and on the cluster
+    (each worker's rows, the sums gathered)."""
     total = np.zeros(X.shape[1])
+    sq = 0.0
     for lo in range(0, len(X), 8192):
-        total += np.asarray(X[lo:lo + 8192], np.float64).sum(axis=0)
-    out: np.ndarray = total / max(len(X), 1)
-    return out
+        Xd = np.asarray(X[lo:lo + 8192], np.float64)
+        total += Xd.sum(axis=0)
+        sq += float(np.einsum("ij,ij->", Xd, Xd))
+    return total, sq, len(X)
 
 
 def encode_hyperplanes(family: HyperplaneFamily, W: RowsLike,
@@ -328,27 +332,29 @@ def encode_hyperplanes(family: HyperplaneFamily, W: RowsLike,
     return keys, _payload(B, inv)
 
 
-def rms_norm(X: RowsLike, center: np.ndarray | None = None) -> float:
-    """The root-mean-square norm of the rows (of ``x - center``), the bias constant at the
-    data's scale (`HyperplaneIndex` ``bias_scale``): ``sqrt(mean ||x||^2 - ||center||^2)``
-    when ``center`` is the rows' mean (as the cluster computes it from sums); 1 for rows all
-    zero."""
-    B = as_block(X)
-    n = n_rows(B)
+def rms_from_sums(sq: float, n: int, center: np.ndarray | None = None) -> float:
+    """The RMS norm of n rows whose squared norms sum to ``sq`` (of ``x - center`` when
+    ``center`` is their mean: ``sqrt(sq / n - ||center||^2)``); 1 for rows all zero or none."""
     if n == 0:
         return 1.0
-    if isinstance(B, SparseBlock):
-        sq = float(B.row_norms_sq().sum())
-    else:
-        sq = 0.0
-        for lo in range(0, n, 8192):  # float64 sums without a float64 copy of the rows
-            Xd = np.asarray(B[lo:lo + 8192], np.float64)
-            sq += float(np.einsum("ij,ij->", Xd, Xd))
     ms = sq / n - (float(center @ center) if center is not None else 0.0)
     return float(np.sqrt(ms)) if np.isfinite(ms) and ms > 0 else 1.0
 
 
-def default_bias_scale(X: RowsLike, center: np.ndarray | None, given: float | None) -> float:
+def rms_norm(X: RowsLike, center: np.ndarray | None = None,
+             sums: tuple[np.ndarray, float, int] | None = None) -> float:
+    """The root-mean-square norm of the rows (of ``x - center``), the bias constant at the
+    data's scale (`HyperplaneIndex` ``bias_scale``), `rms_from_sums`; ``sums``: the rows'
+    `row_sums`, already made (not read again)."""
+    B = as_block(X)
+    if sums is None:
+        sums = ((np.zeros(0), float(B.row_norms_sq().sum()), n_rows(B))
+                if isinstance(B, SparseBlock) else row_sums(np.asarray(B)))
+    return rms_from_sums(sums[1], sums[2], center)
+
+
+def default_bias_scale(X: RowsLike, center: np.ndarray | None, given: float | None,
+                       sums: tuple[np.ndarray, float, int] | None = None) -> float:
     """The bias constant c the keys hash: ``given``, else the RMS norm of the centred rows when
     they are centred, else 1.
 
@@ -363,7 +369,7 @@ def default_bias_scale(X: RowsLike, center: np.ndarray | None, given: float | No
     uncentred; 500 random rows 0.016)."""
     if given is not None:
         return float(given)
-    return rms_norm(X, center) if center is not None else 1.0
+    return rms_norm(X, center, sums) if center is not None else 1.0
 
 
 class HyperplaneIndex:
@@ -420,8 +426,10 @@ class HyperplaneIndex:
         self.family_ = hyperplane_family(self.family, d=d, bits=self.bits, seed=self.seed,
                                          bias=self.bias, samples=self.samples)
         self.center_: np.ndarray | None = None
+        sums = None  # one pass over the rows gives the centre and the bias constant
         if self.center and not isinstance(B, SparseBlock) and len(B):
-            self.center_ = row_mean(np.asarray(B))
+            sums = row_sums(np.asarray(B))
+            self.center_ = sums[0] / sums[2]
         if (isinstance(B, SparseBlock) and isinstance(self.family_, HHash)
                 and len(B.features) * self.bits <= CACHED_GAUSSIANS):
             # a query normal spans thousands of the pool's features: their Gaussians are
@@ -429,7 +437,7 @@ class HyperplaneIndex:
             self.family_.cache_features(B.features)
         self.bias_scale_ = 1.0
         if self.bias:
-            self.bias_scale_ = default_bias_scale(B, self.center_, self.bias_scale)
+            self.bias_scale_ = default_bias_scale(B, self.center_, self.bias_scale, sums)
             if not np.isfinite(self.bias_scale_) or self.bias_scale_ <= 0:
                 raise InputError(f"bias_scale={self.bias_scale!r}: the bias constant must be a "
                                  "positive number (or None: the rows' RMS norm)")
