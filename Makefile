@@ -9,7 +9,7 @@ export LSHDIST_DATA_DIR ?= $(SHARED_DATA)
 endif
 DEMO := out/demo
 
-.PHONY: test lint types test-slow demo bench clean
+.PHONY: test lint types test-slow demo bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(BIN)/python:
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.docs: pyproject.toml $(VENV)/.test
+	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $@
 
 $(VENV)/.bench: pyproject.toml $(VENV)/.test
@@ -46,5 +50,10 @@ bench: $(VENV)/.bench
 	$(BIN)/python benchmarks/bench_itml.py
 	$(BIN)/python benchmarks/bench_fashion.py
 
+## the documentation site into site/ (MkDocs; warnings are errors; the CLI reference is
+## generated from the parser, the API reference from the docstrings)
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) out .pytest_cache .hypothesis
+	rm -rf $(VENV) out site .pytest_cache .hypothesis
