@@ -423,6 +423,12 @@ class QueryConfig(Section):
                                       "another operating point of the index's calibration "
                                       "curve (default: the one chosen at build time)",
                                       metavar="R")
+    check_recall: bool = opt(True, _flag(),
+                             "measure the recall@k of a hashed search on a seeded sample of the "
+                             "queries (2 %, 50 to 500 of them, answered by the exact scan too; "
+                             "in results.json and `lshdist info`), and with --mode auto, where it "
+                             "falls short of the target, calibrate again on the queries or answer "
+                             "by the scan; --no-check-recall trusts the calibration's estimate")
     query_chunk: int = opt(10_000, POSITIVE, "at most this many queries per task (a shard of "
                            "the queries is split into equal pieces; with two chunks in flight "
                            "per worker, this bounds the query memory)", metavar="n")

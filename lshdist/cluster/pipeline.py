@@ -29,6 +29,7 @@ from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
 from lshdist.index.calibrate import Calibration, MergedGrid
 from lshdist.index.params import resolve_permutations
+from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
 from lshdist.index.searcher import MODES, RECALIBRATE_QUERIES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
@@ -569,6 +570,7 @@ class QueryPlan:
     op: tuple[int, int, int] | None = None  # (M, W, H) of a hashed search
     reason: str = ""
     recalibrate: bool = False  # calibrate again on a sample of the queries first
+    estimate: float | None = None  # the recall the calibration predicts at ``op``
 
 
 def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
@@ -599,7 +601,19 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     log.info("query mode %s: %s%s", mode, reason,
              "; to be calibrated again on a sample of these queries" if recal else "")
     return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode, op, reason,
-                     recal)
+                     recal, _estimate(manifest, op))
+
+
+def _estimate(manifest: dict[str, Any], op: tuple[int, int, int] | None) -> float | None:
+    """The recall the index's calibration measured at operating point ``op`` (None without
+    a calibration, or for a point not on its curve)."""
+    raw = manifest.get("calibration")
+    if raw is None or op is None:
+        return None
+    for p in Calibration.from_json(raw).points:
+        if (p.permutations, p.window, p.hamming_keep) == tuple(op):
+            return float(p.recall)
+    return None
 
 
 def _recalibrates(manifest: dict[str, Any], cfg: QueryConfig, qds: Dataset) -> bool:
@@ -665,6 +679,9 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
         homes = holders(client, segs)
     if plan.recalibrate:
         plan = _calibrated_on_queries(client, plan, segs, family_f, stall)
+    recall: MeasuredRecall | None = None
+    if cfg.check_recall:
+        plan, recall = _checked(client, plan, segs, homes, family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
     window = in_flight or 2 * n_workers
     chunks = query_chunks(qds.shard_bounds.tolist(), cfg.query_chunk)
@@ -674,13 +691,77 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
                            inputs=(plan.index, qds.path, manifest["model"]),
                            info={"mode": plan.mode, "operating_point": op,
-                                 "reason": plan.reason}) as tmp:
+                                 "reason": plan.reason,
+                                 "measured_recall": None if recall is None
+                                 else recall.to_json()}) as tmp:
             n = _query_chunks(client, chunks, plan, family_f, segs, homes, str(tmp), window,
                               stall)
     finally:
         client.cancel([family_f] if segments is not None else [*segs, family_f])
     return {"queries": n, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
-            "operating_point": plan.op}
+            "operating_point": plan.op,
+            "measured_recall": None if recall is None else recall.to_json()}
+
+
+def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[str | None],
+             family_f: Any, stall: float) -> tuple[QueryPlan, MeasuredRecall]:
+    """Measure the recall of the planned search on a seeded sample of its own queries
+    (`lshdist.index.recall_check.check_rows`), answered by the exact scan and at the planned
+    point on every segment, and keep the promise (`enforce`): re-calibrate on the queries or
+    answer by the scan where the point falls short of the target.  Returns the plan the
+    queries are answered with and the record for ``results.json``."""
+    cfg, qds = plan.cfg, plan.queries
+    raw = plan.manifest.get("calibration")
+    target = cfg.target_recall
+    if target is None and raw is not None:
+        target = Calibration.from_json(raw).target
+    rows = check_rows(qds.n, int(plan.manifest["seed"]))
+    truth: list[np.ndarray] = []
+    t0 = time.perf_counter()
+
+    def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
+        held = chunk_tasks(client, 0, homes, segs, cfg.k,
+                           (tasks.encode_query_rows, str(qds.path), rows, family_f),
+                           (tasks.search_segment, cfg.k, mode, op),
+                           (tasks.merged_ids, cfg.k))
+        ((w, rest),) = held.items()
+        try:
+            for _ in _progress([w], "recall check", stall):
+                pass
+            return np.asarray(w.result())
+        finally:
+            client.cancel([w, *rest])
+
+    def measure(op: tuple[int, int, int] | None, estimate: float | None) -> MeasuredRecall:
+        if not truth:
+            truth.append(answer("scan", None))
+        m = measured(answer("hash", op), truth[0], cfg.k, qds.n, mode="hash", target=target,
+                     estimate=estimate)
+        log.info("recall check at %s: %s", "the index's parameters" if op is None
+                 else "M={}, W={}, H={}".format(*op), m.line())
+        return m
+
+    replanned: list[QueryPlan] = []
+
+    def recalibrate() -> tuple[str, Any, str, float | None]:
+        p = _calibrated_on_queries(client, plan, segs, family_f, stall)
+        replanned.append(p)
+        return p.mode, p.op, p.reason, p.estimate
+
+    d = enforce(mode=plan.mode, point=plan.op, estimate=plan.estimate, target=target,
+                auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
+                recalibrate=None if plan.recalibrate or raw is None else recalibrate)
+    if d.recall.sampled:
+        log.info("recall check: %d of the %d queries answered exactly too (%.1fs, %.1f %% of "
+                 "an exact scan of the queries)", d.recall.sampled, qds.n,
+                 time.perf_counter() - t0, 100 * d.recall.sampled / qds.n)
+    log.info("%s", d.recall.line())
+    if d.reason:
+        log.warning("query mode %s: %s", d.mode, d.reason)
+    elif d.recall.action == "reported" and target is not None and d.recall.value < target:
+        log.warning("%s", d.recall.line())
+    base = replanned[-1] if replanned else plan
+    return replace(base, mode=d.mode, op=d.point, reason=d.reason or base.reason), d.recall
 
 
 def spread(sizes: Sequence[int], workers: Sequence[str]) -> list[str | None]:
@@ -752,11 +833,11 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
              plan.queries.n, cal.seconds, cal.mode, cal.reason)
     if cal.chosen is None:
-        return replace(plan, mode="scan", op=None,
+        return replace(plan, mode="scan", op=None, estimate=None,
                        reason=f"calibrated on the queries: {cal.reason}")
     p = cal.chosen
     return replace(plan, mode="hash", op=(p.permutations, p.window, p.hamming_keep),
-                   reason=f"calibrated on the queries: {cal.reason}")
+                   reason=f"calibrated on the queries: {cal.reason}", estimate=p.recall)
 
 
 def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, family_f: Any,

@@ -212,6 +212,21 @@ def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily)
     return codes, payload, ds.ids()[start:stop]
 
 
+def encode_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily) -> Encoded:
+    """`encode_queries` of the rows ``rows`` (sorted row numbers) of the query dataset: the
+    sample a query job answers exactly too, to measure its own recall."""
+    ds = open_data(queries_path, _metric(family).embedding)
+    rows = np.asarray(rows, np.int64)
+    codes, payload = encode(_metric(family), family, ds.read_row_set(rows), query=True)
+    return codes, payload, np.asarray(ds.ids()[rows], np.int64)
+
+
+def merged_ids(encoded: Encoded, parts: Sequence[Partial], k: int) -> np.ndarray:
+    """The merged top-``k`` ids (Q, k) of a chunk's partial answers (`merge_and_write`'s
+    answer, returned instead of written: the recall check's)."""
+    return merge_topk([p[0] for p in parts], [p[1] for p in parts], k)[1]
+
+
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,
                    op: tuple[int, int, int] | None = None) -> Partial:
     """Partial top-k of one query chunk against one segment (hashed at operating point
