@@ -1,4 +1,4 @@
-"""Hashed hyperplane search on the active-learning pool (issue 13): recall of the true 10
+"""Hashed hyperplane search on the active-learning pool: recall of the true 10
 points nearest each hyperplane, and the margin of the nearest candidate, against a random
 candidate set of the same size.
 

@@ -1,4 +1,4 @@
-"""Selection bias of the calibrated operating point (issue 16): how often does the point a
+"""Selection bias of the calibrated operating point: how often does the point a
 calibration rule picks on a random sample of queries reach the target on *other* queries?
 
 Shifted Fashion-MNIST, 240,000 rows (``make_million.py --variants 4``, out/scale/data-v4),

@@ -1,4 +1,4 @@
-"""The calibration's recall margin (issue 10): today's bound, one standard error under the
+"""The calibration's recall margin: today's bound, one standard error under the
 largest per-query variance r (1 - r), against a margin from the sample's own per-query
 variance (``z`` sample standard errors), on smaller samples.  Per-query grids of 4,000 test
 queries as in `bench_calibration_stages.py` (L2, defaults); 2,000 of them the evaluation set,

@@ -1,4 +1,4 @@
-"""The staged calibration sample (issue 10): how often does the point a calibration picks on
+"""The staged calibration sample: how often does the point a calibration picks on
 a random sample of the queries reach the target on *other* queries — with the whole sample
 at once (200 queries, the size drawn for a bulk of 10,000), with 100, and staged (100, grown
 to 200 only where `extend_sample` says the narrower margin pays for a bulk of

@@ -1,4 +1,4 @@
-"""The bias constant of hyperplane keys and centring, measured (README, issue 13).
+"""The bias constant of hyperplane keys and centring, measured.
 
 Fashion-MNIST, the first 20,000 training images in [0, 1]; 10 binary one-vs-all LinearSVCs
 (balanced, C = 1) on 15 labelled images per class, fitted on the rows as given or on the rows

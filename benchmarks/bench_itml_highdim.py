@@ -9,7 +9,7 @@ Rows: a 20,000-row stratified sample of the Fashion-MNIST training images (the s
 
 Learners, in alternating order, ``BENCH_ROUNDS`` (3) paired rounds after a warm-up each:
 lshdist's default (`lshdist._kernels.itml.explicit_block` constraints a block: 64 at 784-d),
-lshdist one constraint at a time (the kernel before session 14, ``block = 1``), metric-learn
+lshdist one constraint at a time (the unblocked kernel, ``block = 1``), metric-learn
 (numpy; timed once per round only when ``BENCH_ML`` is not 0 — it takes minutes).
 Reported: median seconds and the per-round ratios (median, min, max), and the relative
 Frobenius distance between the learned matrices (the same projections: only rounding differs).

@@ -1,4 +1,4 @@
-"""Issue 16, first measurement: 1,020,000 x 784 (`make_million.py`), 100,000 queries, k=10.
+"""The one-process 1 M-row measurement: 1,020,000 x 784 (`make_million.py`), 100,000 queries, k=10.
 
 lshdist's one-process `MetricIndex` (L2, ``target_recall=0.9``, no other parameter; build =
 ``fit``, query = ``query(Q, 10)`` auto, which calibrates on 200 of the queries) against, in the

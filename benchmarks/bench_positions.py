@@ -1,10 +1,10 @@
 """Which key bits a permuted prefix reads: recall of the lists drawn three ways, same grid.
 
-* ``random``: 64 uniformly random distinct bits of the b-bit key per list (before session 11);
+* ``random``: 64 uniformly random distinct bits of the b-bit key per list (the first draw);
 * ``blocked`` (`lshdist.index.permutation.draw_positions`, the default): 8 whole key bytes per
   list, the lists of a block of b/64 on disjoint bytes, the 64 bits in random order in the
   prefix — 8 byte-table lookups per row instead of ~42;
-* ``grouped``: 8 whole random bytes with each byte's bits kept together (tried in session 6
+* ``grouped``: 8 whole random bytes with each byte's bits kept together (tried
   and withdrawn: the leading 8 bits of a list are one key byte).
 
 Per dataset (its test split's first ``BENCH_QUERIES`` rows as queries, the L2 metric: explicit

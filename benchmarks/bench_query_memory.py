@@ -1,4 +1,4 @@
-"""Query memory (issue 9): peak RSS of the Dask workers and of the driver of ``lshdist query``
+"""Query memory: peak RSS of the Dask workers and of the driver of ``lshdist query``
 with 1,000 and with 16,000 queries against the same index.
 
 The README promises "at most two query chunks per worker are in flight, so memory does not grow
@@ -152,7 +152,7 @@ def write_report(runs: dict[int, list[dict]], index_cmd: list[str]) -> None:
         f"{runs[n][r]['driver'] / MiB:.0f} | {runs[n][r]['seconds']:.1f} |"
         for r in range(ROUNDS) for n in SIZES)
     mem = psutil.virtual_memory().total / 2**30
-    text = f"""# Query memory: 1,000 vs 16,000 queries (issue 9)
+    text = f"""# Query memory: 1,000 vs 16,000 queries
 
 Machine: {platform.node()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM (shared with other
 engineers, noisy), Python {platform.python_version()}, {platform.platform()}.

@@ -1,4 +1,5 @@
-"""The query stage on 1 and on 2 Dask workers, paired: issue 16's "2 workers >= 1.6x 1 worker".
+"""The query stage on 1 and on 2 Dask workers, paired: does a second worker give
+>= 1.6x?
 
 `bench_scale.py` measures each worker count once, minutes apart; this benchmark takes an index
 `bench_scale.py` left on disk (``BENCH_INDEX``, default ``out/scale/n1020000/index``) and the

@@ -1,4 +1,4 @@
-"""Issue 16: how each stage's cost grows with N — lshdist on 2 Dask workers against the peers.
+"""How each stage's cost grows with N — lshdist on 2 Dask workers against the peers.
 
 Sizes: the first v database variants of `make_million` (v = 1, 4, 8, 17: N = 60,000, 240,000,
 480,000, 1,020,000 shifted Fashion-MNIST rows), Q = N/10 queries (the first Q rows of its query
@@ -14,8 +14,8 @@ does it (the segments the build holds in worker memory are searched) and once as
 recall@10 on the truth sample, peak RSS of each worker process (whole life: a fresh cluster
 per size), bytes per indexed item on disk.  Before the first size, a warm-up runs the same job
 on 20,000 rows (learn on 4,000) so that every numba kernel is compiled into the benchmark's
-cache: its time is reported apart (BENCHMARKS.md), not in any stage (runs before session 10
-had the compilation in their index stage, about 20 s at 1 M).  At the largest size also: the
+cache: its time is reported apart (BENCHMARKS.md), not in any stage (left in, the compilation
+would add about 20 s to the index stage at 1 M).  At the largest size also: the
 query stage on 1 worker (same index), and Q = N/100.
 
 Peers, in the same run, on Gx when the model is a learned metric (the model is saved; its

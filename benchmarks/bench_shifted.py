@@ -13,7 +13,7 @@ rounds, alternated; hnswlib is built ``BENCH_HNSW_BUILDS`` times (default 1: one
 same run.  Then one more lshdist build + query under cProfile: where the time goes (encode,
 list build, calibration, candidates, re-rank).
 
-Acceptance (issue 10): lshdist build + query >= 2x faster than FAISS flat, faster than hnswlib
+Acceptance: lshdist build + query >= 2x faster than FAISS flat, faster than hnswlib
 build + query, recall@10 >= 0.9.
 
     cd /work/main && .venv/bin/python benchmarks/make_shifted.py   # once (also done here)
@@ -311,7 +311,7 @@ def main():
     ]
     tables = {
         f"Summary (k={K}, {T} threads, 240,000 x 10,000)": summary,
-        "Acceptance (issue 10, item 2)": acceptance,
+        "Acceptance": acceptance,
         "lshdist runs": lsh_rows,
         "Where lshdist's time goes (cProfile, one build + query)": prof_rows,
         f"hnswlib (M={HNSW_M}, ef_construction={HNSW_EFC})": hnsw_rows,

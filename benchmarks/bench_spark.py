@@ -1,4 +1,4 @@
-"""Spark MLlib ``BucketedRandomProjectionLSH`` on the scale benchmark's data (issue 16).
+"""Spark MLlib ``BucketedRandomProjectionLSH`` on the scale benchmark's data.
 
 What a Spark user would run for bulk k-NN under L2: fit the LSH model on the database, then
 ``approxSimilarityJoin`` of the database with the queries within a distance threshold, and the
@@ -104,7 +104,7 @@ def main() -> None:
              "extrapolation: fit+transform x (N+Q)/(n+q), join x (N Q)/(n q)",
              "best: " + (str(best) if best else "no setting reached recall@10 0.9")]
     paths = common.write_results("spark_fashion", {"Spark BRP LSH, local[2]": rows},
-                                 title="Spark MLlib BucketedRandomProjectionLSH (issue 16 peer)",
+                                 title="Spark MLlib BucketedRandomProjectionLSH (scale peer)",
                                  notes=notes, peer_modules=("pyspark",))
     print(paths[1].read_text())
     spark.stop()

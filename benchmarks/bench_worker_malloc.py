@@ -1,5 +1,5 @@
 """The query stage at 1 M rows with Dask's worker malloc setting and with lshdist's, paired
-(issue 16; README "A million rows", session 17).
+(a diagnostic of the 1 M-row query stage).
 
 Dask spawns workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (``distributed.nanny.pre-spawn-environ``);
 lshdist replaces that default with `lshdist.cluster.client.WORKER_MALLOC` and keeps any other

@@ -1,6 +1,6 @@
 """What two processes get from this machine: compute, random gathers, streaming reads and
 page faults, one process alone against two at once (a diagnostic for the "2 workers >= 1.6x 1
-worker" line of issue 16: which kinds of work a second worker process speeds up here).
+worker" target of the scale benchmark: which kinds of work a second worker process speeds up here).
 
 * sgemm: 20 products (2,000 x 784) @ (784 x 2,000), one BLAS thread per process;
 * gather: 10 M random reads of int64 from a 400 MB array (memory latency);

@@ -1,5 +1,6 @@
-"""Calibration's share of the one-process build on Fashion-MNIST (issue 10's "calibration adds
-<= 25 % to the index build"), by stage: `MetricIndex(target_recall=0.9).fit(train)` (the build;
+"""Calibration's share of the one-process build on Fashion-MNIST (the target:
+"calibration adds <= 25 % to the index build"), by stage:
+`MetricIndex(target_recall=0.9).fit(train)` (the build;
 calibration is deferred) then `calibrate_for(test)` (what `lshdist evaluate` and a bulk
 `query(mode="auto")` run), ``ROUNDS`` rounds after a warm-up round (numba compilation); the
 calibration's stages timed by wrapping `lshdist.index.calibrate`'s functions: the exact truth

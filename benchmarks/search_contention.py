@@ -2,7 +2,7 @@
 loads its own 100,000-row segment of a stored index, encodes the same 10,000 queries, and times
 the search stages (the join, collecting candidates, the re-rank, then the whole search) with a
 barrier before each, so that with two processes both run the same stage at once; one process
-alone, then two, twice (a diagnostic, README "A million rows", session 19).
+alone, then two, twice (a diagnostic of the 1 M-row query stage).
 
     cd /work/main && .venv/bin/python benchmarks/search_contention.py \\
         [INDEX (out/s16/m1/index)] [QUERIES (out/million-fashion/test)] [N (10000)]

@@ -1,7 +1,7 @@
 """CPU seconds of every thread of every process during one bulk query on a LocalCluster of 1 or
 2 workers (psutil's per-thread times, before and after): how much of the span each worker's
 task thread was actually on a CPU, and what the event loops, Zarr's I/O threads and the driver
-(scheduler and Nannies) took beside it (a diagnostic, README "A million rows", session 19).
+(scheduler and Nannies) took beside it (a diagnostic of the 1 M-row query stage).
 
     cd /work/main && .venv/bin/python benchmarks/worker_cpu.py WORKERS \\
         [INDEX (out/s16/m1/index)] [QUERIES (out/million-fashion/test)]
