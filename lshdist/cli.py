@@ -2,7 +2,9 @@
 
 Every subcommand lives in a module of `lshdist.jobs` exposing ``add_parser(subparsers)`` and
 ``run(args) -> int``.  Errors from `lshdist.errors` (bad input) exit with code 2 and a one-line
-message, never a traceback.
+message, never a traceback.  A job module imports what its work needs (Dask, numba, Zarr) inside
+``run``, not at its top: building the parser loads none of them, and ``lshdist --help`` answers
+at once (a test checks it).
 """
 
 from __future__ import annotations
@@ -63,17 +65,16 @@ def configure_logging(verbose: int) -> None:
     logging.getLogger("lshdist").setLevel(logging.DEBUG if verbose else logging.INFO)
     dask_level = ("debug", "info", "warning")[max(0, 2 - verbose)]
     # distributed sets its loggers' levels from dask's config when it is first imported,
-    # after this point; dask reads its environment when *it* is first imported -- which
-    # building the parser has already done (`lshdist.cluster` registers its sizes with dask):
-    # the level goes into the loaded config too, or distributed logs at INFO (dozens of lines
-    # a job, and a traceback when a stream closes at shutdown).  A user's own setting (the
-    # environment variable, a Dask YAML file) stands.
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
-    if "dask.config" in sys.modules:
-        import dask.config
+    # after this point, or it logs at INFO (dozens of lines a job, and a traceback when a
+    # stream closes at shutdown).  Dask's config is loaded first (the parser no longer does
+    # it, and a job soon will) so that a user's own setting -- the environment variable, a
+    # Dask YAML file -- is seen and stands; the level goes into the loaded config and, for
+    # the worker processes a LocalCluster spawns, into the environment.
+    import dask.config
 
-        if dask.config.get("logging.distributed", None) is None:
-            dask.config.set({"logging.distributed": dask_level})
+    if dask.config.get("logging.distributed", None) is None:
+        dask.config.set({"logging.distributed": dask_level})
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", dask_level)
     for noisy in ("distributed", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(dask_level.upper())
 

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from lshdist.cluster.compact import plan_compact, run_compact
 from lshdist.config import ClusterConfig, DailyConfig, from_args
 from lshdist.jobs.common import (
     add_cluster_options,
@@ -48,6 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.cluster.compact import plan_compact, run_compact
+
     cluster = from_args(ClusterConfig, args)
     plan = plan_compact(args.index, min_segments=args.min_segments,
                         segment_rows=args.segment_rows, refit=args.refit)

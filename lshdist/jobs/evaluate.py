@@ -9,15 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
-from lshdist.embed.dataset import open_data
 from lshdist.errors import InputError
-from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
 from lshdist.jobs.common import int_list, positive_int
 from lshdist.jobs.learn import learn, validation_line
-from lshdist.plots import plot_bits, plot_recall
 from lshdist.store.atomic import atomic_dir, check_output
-from lshdist.store.dataset import Dataset
-from lshdist.store.model import load_model
 
 log = logging.getLogger(__name__)
 KIND = "lshdist-evaluation"
@@ -54,6 +49,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.embed.dataset import open_data
+    from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
+    from lshdist.plots import plot_bits, plot_recall
+    from lshdist.store.dataset import Dataset
+    from lshdist.store.model import load_model
+
     index_cfg, learn_cfg = from_args(IndexConfig, args), from_args(LearnConfig, args)
     check_output(args.out, args.overwrite, kind=KIND, inputs=(args.train, args.test, args.model))
     train, test = Dataset(args.train), Dataset(args.test)

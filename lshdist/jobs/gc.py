@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 from lshdist.jobs.common import positive_float
-from lshdist.store.index import remove_orphans
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,6 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.store.index import remove_orphans
+
     removed = remove_orphans(args.index, timeout=args.timeout, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for path in removed:

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from lshdist.cluster.pipeline import plan_build, run_build
 from lshdist.config import ClusterConfig, IndexConfig, add_options, from_args
 from lshdist.jobs.common import add_cluster_options, client_from_config
 
@@ -36,6 +35,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.cluster.pipeline import plan_build, run_build
+
     cluster = from_args(ClusterConfig, args)
     cfg = from_args(IndexConfig, args)
     if cfg.family is not None:

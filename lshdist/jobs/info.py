@@ -9,18 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from lshdist.errors import FormatError, InputError
-from lshdist.index.calibrate import Calibration
-from lshdist.store.dataset import FORMAT as DATASET_FORMAT
-from lshdist.store.dataset import Dataset
-from lshdist.store.index import FORMAT as INDEX_FORMAT
-from lshdist.store.index import list_orphans, read_manifest
-from lshdist.store.model import FORMAT as MODEL_FORMAT
-from lshdist.store.model import read_model_meta
 
 _MAX_CLASS_NAMES = 30
 
 
 def describe_dataset(path: Path) -> dict[str, Any]:
+    from lshdist.store.dataset import FORMAT as DATASET_FORMAT
+    from lshdist.store.dataset import Dataset
+
     ds = Dataset(path)
     info = {"format": f"{DATASET_FORMAT} v{ds.attrs['version']}", **ds.summary()}
     info["class_names"] = ds.classes
@@ -32,6 +28,8 @@ def describe_dataset(path: Path) -> dict[str, Any]:
 
 
 def describe_model(path: Path) -> dict[str, Any]:
+    from lshdist.store.model import read_model_meta
+
     meta = read_model_meta(path)
     params = dict(meta.get("params", {}))
     sel = params.pop("selection", None)
@@ -52,6 +50,8 @@ def describe_model(path: Path) -> dict[str, Any]:
 
 
 def describe_index(path: Path) -> dict[str, Any]:
+    from lshdist.store.index import list_orphans, read_manifest
+
     m = read_manifest(path)
     orphans = [str(p) for p in list_orphans(path)]
     if m.get("method") == "subspace":
@@ -87,6 +87,8 @@ def _describe_subspace(path: Path, m: dict[str, Any], orphans: list[str]) -> dic
 def _calibration(m: dict[str, Any]) -> dict[str, Any]:
     """The calibration's choice and its curve: the points no cheaper point beats in recall
     (the trade-off frontier, by `Point.cost`), as lines ``M W H recall %searched [ms/query]``."""
+    from lshdist.index.calibrate import Calibration
+
     cal = Calibration.from_json(m["calibration"])
     frontier, top = [], -1.0
     for p in sorted(cal.points, key=lambda p: p.cost(cal.width)):
@@ -104,12 +106,17 @@ def _calibration(m: dict[str, Any]) -> dict[str, Any]:
             "calibration_curve": curve}
 
 
-#: directory kinds by the ``format`` they declare
-DESCRIBERS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    DATASET_FORMAT: describe_dataset,
-    MODEL_FORMAT: describe_model,
-    INDEX_FORMAT: describe_index,
-}
+def describers() -> dict[str, Callable[[Path], dict[str, Any]]]:
+    """Directory kinds by the ``format`` they declare (the store modules, imported here
+    rather than with the module, keep `lshdist --help` light)."""
+    from lshdist.store.dataset import FORMAT as DATASET_FORMAT
+    from lshdist.store.index import FORMAT as INDEX_FORMAT
+    from lshdist.store.model import FORMAT as MODEL_FORMAT
+
+    return {DATASET_FORMAT: describe_dataset, MODEL_FORMAT: describe_model,
+            INDEX_FORMAT: describe_index}
+
+
 #: where each directory kind keeps its ``format``: Zarr group attributes or a JSON manifest
 _MANIFESTS = ("zarr.json", "model.json", "index.json")
 _REDO = "write it again (a dataset with `lshdist ingest`)"
@@ -139,16 +146,19 @@ def directory_format(path: Path) -> str | None:
 
 
 def describe(path: str | Path) -> dict[str, Any]:
+    from lshdist.store.dataset import Dataset
+
     path = Path(path)
     fmt = directory_format(path)
-    if fmt not in DESCRIBERS and (path / "zarr.json").is_file():
+    known = describers()
+    if fmt not in known and (path / "zarr.json").is_file():
         Dataset(path)  # raises the dataset reader's own message for a foreign Zarr group
-    if fmt not in DESCRIBERS:
+    if fmt not in known:
         raise FormatError(
             f"{str(path)!r} declares format {fmt!r}; lshdist info knows "
-            f"{', '.join(sorted(DESCRIBERS))}: was it written by another program?"
+            f"{', '.join(sorted(known))}: was it written by another program?"
         )
-    return DESCRIBERS[fmt](path)
+    return known[fmt](path)
 
 
 def _text(info: dict[str, Any]) -> str:

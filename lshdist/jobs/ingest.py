@@ -8,13 +8,30 @@ import sys
 import time
 from typing import Any
 
-from lshdist.embed.features import FEATURES
-from lshdist.inputs import FORMATS, REGISTRY, WEIGHTINGS, read_inputs
 from lshdist.jobs.common import add_cluster_options, non_negative_int, positive_int
 from lshdist.store.atomic import check_output
-from lshdist.store.dataset import DEFAULT_SHARD_ROWS
 
 logger = logging.getLogger(__name__)
+
+# What the parser shows, copied from the modules that own it: importing those (the readers,
+# the feature extractors, the dataset store) loads numba, Zarr and Dask, a second and more
+# before `lshdist ingest --help` could answer.  A test checks each copy against its owner.
+#: `lshdist.inputs.REGISTRY`: ``--format`` names and titles, in detection order
+FORMAT_TITLES = {
+    "npy": "NumPy matrix",
+    "npz": "NumPy arrays X, y, ids or a scipy sparse matrix",
+    "parquet": "Parquet table",
+    "idx": "IDX images and labels files, as Fashion-MNIST",
+    "letter": "UCI Letter",
+    "newsgroups": "20 Newsgroups tab-separated text",
+    "csv": "CSV or TSV",
+    "zarr": "an lshdist dataset, to re-shard",
+}
+#: `lshdist.inputs.WEIGHTINGS`, `lshdist.embed.features.FEATURES`,
+#: `lshdist.store.dataset.DEFAULT_SHARD_ROWS`
+WEIGHTINGS = ("tfidf", "counts")
+FEATURES = ("dense-patches", "daisy", "orb", "sift")
+DEFAULT_SHARD_ROWS = 10_000
 
 
 def _row_range(text: str) -> tuple[int, int]:
@@ -27,7 +44,7 @@ def _row_range(text: str) -> tuple[int, int]:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``ingest`` to the ``lshdist`` subcommands (``subparsers`` of `add_subparsers`)."""
-    formats = "; ".join(f"{name}: {f.title}" for name, f in REGISTRY.items())
+    formats = "; ".join(f"{name}: {title}" for name, title in FORMAT_TITLES.items())
     p: argparse.ArgumentParser = subparsers.add_parser(
         "ingest",
         help="turn data files into a sharded Zarr dataset",
@@ -48,7 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=tuple(FORMAT_TITLES),
         help="input format of every INPUT (default: detected per input)",
     )
     p.add_argument(
@@ -131,6 +148,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.inputs import read_inputs
+
     if args.features is not None:
         return run_features(args)
     start = time.perf_counter()

@@ -6,21 +6,18 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from lshdist.blocks import Block, SparseBlock
 from lshdist.config import LearnConfig, add_options, from_args
-from lshdist.embed.model import SetEmbedding
 from lshdist.errors import InputError
-from lshdist.index.payload import checked_centred_norms
 from lshdist.limits import available_cores
-from lshdist.metric.itml import ITML, KernelITML
-from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
 from lshdist.store.atomic import check_output
-from lshdist.store.dataset import HASHED_D, Dataset
-from lshdist.store.model import save_model
+
+if TYPE_CHECKING:  # the rest is imported where it runs: `lshdist --help` stays light
+    from lshdist.blocks import Block
+    from lshdist.embed.model import SetEmbedding
+    from lshdist.metric.itml import ITML, KernelITML
+    from lshdist.store.dataset import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +25,8 @@ log = logging.getLogger(__name__)
 def learner_from_config(cfg: LearnConfig, *, sparse: bool) -> tuple[ITML | KernelITML,
                                                                      dict[str, Any]]:
     """The estimator and its parameters as recorded in model.json."""
+    from lshdist.metric.itml import ITML, KernelITML
+
     kind = cfg.kind or ("implicit" if sparse else "explicit")
     if sparse and kind == "explicit":
         raise InputError("sparse data needs --kind implicit (an explicit d x d matrix over "
@@ -52,6 +51,13 @@ def learner_from_config(cfg: LearnConfig, *, sparse: bool) -> tuple[ITML | Kerne
 def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
     """Choose and fit the metric on a dataset (`lshdist.metric.selection`); returns
     ``(metric, params, seconds)``.  Reads at most ``cfg.sample`` rows, shard by shard."""
+    import numpy as np
+
+    from lshdist.blocks import SparseBlock
+    from lshdist.index.payload import checked_centred_norms
+    from lshdist.metric.selection import replace_params, sample_rows_stratified, select_metric
+    from lshdist.store.dataset import HASHED_D
+
     y_all = data.labels()
     if y_all is None:
         raise InputError(f"dataset {str(data.path)!r} has no labels; ITML draws its "
@@ -94,6 +100,8 @@ def learn(data: Dataset, cfg: LearnConfig) -> tuple[Any, dict[str, Any], float]:
 
 def set_embedding(data: Dataset, cfg: LearnConfig) -> SetEmbedding | None:
     """The (unfitted) set embedding ``cfg`` asks for, checked against the dataset's kind."""
+    from lshdist.embed.model import SetEmbedding
+
     if data.kind != "pointsets":
         if cfg.kernel is not None:
             raise InputError(f"--kernel {cfg.kernel} is a kernel over sets of local features, "
@@ -142,6 +150,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.store.dataset import Dataset
+    from lshdist.store.model import save_model
+
     cfg = from_args(LearnConfig, args)
     check_output(args.out, args.overwrite, kind="lshdist-model", inputs=(args.data,))
     data = Dataset(args.data)

@@ -6,10 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from lshdist.cluster.pipeline import plan_query, run_query
 from lshdist.config import ClusterConfig, QueryConfig, add_options, from_args
 from lshdist.jobs.common import add_cluster_options, client_from_config
-from lshdist.store.index import index_method, read_manifest
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,6 +33,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.cluster.pipeline import plan_query, run_query
+    from lshdist.store.index import index_method, read_manifest
+
     cluster = from_args(ClusterConfig, args)
     if args.hyperplanes is not None:
         return _run_hyperplanes(args, cluster)

@@ -31,21 +31,16 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
 from lshdist.config import DataSpec, IndexConfig, QueryConfig, RunConfig, load_run_config
 from lshdist.errors import InputError
-from lshdist.evaluation import knn_predict
 from lshdist.jobs.common import client_from_config
 from lshdist.jobs.learn import learn, validation_line
 from lshdist.store.atomic import artefact_kind, atomic_write_text
-from lshdist.store.dataset import Dataset, write_dataset
-from lshdist.store.index import read_manifest
-from lshdist.store.model import read_model_meta, save_model
-from lshdist.store.results import read_results, rows_of
+
+if TYPE_CHECKING:  # the rest is imported where it runs: `lshdist --help` stays light
+    from lshdist.store.dataset import Dataset
 
 log = logging.getLogger(__name__)
 WORKDIR_KIND = "lshdist-workdir"
@@ -54,6 +49,8 @@ WORKDIR_MARKER = ".lshdist.json"
 
 def ingest_split(spec: DataSpec, out: Path, idf_from: Path | None) -> Dataset:
     """The dataset of one split, ingested into ``out`` unless it is already there."""
+    from lshdist.store.dataset import Dataset, write_dataset
+
     if out.exists():
         return Dataset(out)
     if spec.builtin == "digits":
@@ -76,6 +73,11 @@ def evaluate_results(results: Path, train: Dataset, test: Dataset, ks: list[int]
                      truth: Path | None = None) -> dict[str, Any]:
     """k-NN accuracy, recall@k against ``truth`` (another results directory, same k) and the
     fraction of the database searched per query.  Rows are matched by id, never by order."""
+    import numpy as np
+
+    from lshdist.evaluation import knn_predict
+    from lshdist.store.results import read_results, rows_of
+
     ytr, yte = train.labels(), test.labels()
     if ytr is None or yte is None:
         raise InputError("run evaluates k-NN accuracy and needs labelled train and test data")
@@ -133,6 +135,9 @@ def prepare_workdir(work: Path, fresh: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
+    from lshdist.store.model import read_model_meta, save_model
+
     cfg = load_run_config(args.config)
     if cfg.active is not None:
         return run_active_config(cfg, args.fresh)
@@ -228,6 +233,8 @@ def run_active_config(cfg: RunConfig, fresh: bool) -> int:
 
 def q_point(index: Path) -> dict[str, Any]:
     """The index's operating point and calibration summary (from its manifest)."""
+    from lshdist.store.index import read_manifest
+
     m = read_manifest(index)
     cal = m.get("calibration") or {}
     return {"permutations": m["permutations"], "window": m["window"],

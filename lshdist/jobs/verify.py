@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lshdist.errors import FormatError, InputError
 from lshdist.jobs.info import directory_format
-from lshdist.store.dataset import FORMAT as DATASET_FORMAT
-from lshdist.store.dataset import Dataset
-from lshdist.store.index import FORMAT as INDEX_FORMAT
-from lshdist.store.index import list_orphans, verify_index
-from lshdist.store.model import FORMAT as MODEL_FORMAT
-from lshdist.store.model import load_model, read_model_meta
 
 
 def verify_dataset(path: Path) -> str:
+    from lshdist.store.dataset import Dataset
+
     ds = Dataset(path)
     ds.verify()
     return (f"dataset {str(path)!r}: {ds.n} rows x {ds.d} features, {ds.kind}, "
@@ -25,11 +22,16 @@ def verify_dataset(path: Path) -> str:
 
 
 def verify_model(path: Path) -> str:
+    from lshdist.store.model import load_model
+
     _, meta = load_model(path)
     return f"model {str(path)!r}: {meta['kind']}, d={meta['d']}, checksum {meta['checksum'][:12]}"
 
 
 def verify_index_dir(path: Path) -> str:
+    from lshdist.store.index import list_orphans, verify_index
+    from lshdist.store.model import read_model_meta
+
     manifest = verify_index(path)
     try:
         model_meta = read_model_meta(manifest["model"])
@@ -46,8 +48,15 @@ def verify_index_dir(path: Path) -> str:
             f"rows, every segment and the model checked{extra}")
 
 
-VERIFIERS = {DATASET_FORMAT: verify_dataset, MODEL_FORMAT: verify_model,
-             INDEX_FORMAT: verify_index_dir}
+def verifiers() -> dict[str, Callable[[Path], str]]:
+    """Checks by the ``format`` a directory declares (the store modules, imported here rather
+    than with the module, keep `lshdist --help` light)."""
+    from lshdist.store.dataset import FORMAT as DATASET_FORMAT
+    from lshdist.store.index import FORMAT as INDEX_FORMAT
+    from lshdist.store.model import FORMAT as MODEL_FORMAT
+
+    return {DATASET_FORMAT: verify_dataset, MODEL_FORMAT: verify_model,
+            INDEX_FORMAT: verify_index_dir}
 
 
 def verify(path: str | Path) -> str:
@@ -58,14 +67,17 @@ def verify(path: str | Path) -> str:
     InputError, FormatError
         Describing the first problem found.
     """
+    from lshdist.store.dataset import Dataset
+
     path = Path(path)
     fmt = directory_format(path)
-    if fmt not in VERIFIERS:
+    known = verifiers()
+    if fmt not in known:
         if (path / "zarr.json").is_file():
             Dataset(path)  # the dataset reader's own message for a foreign Zarr group
         raise FormatError(f"{str(path)!r} declares format {fmt!r}; lshdist verify knows "
-                          f"{', '.join(sorted(VERIFIERS))}")
-    return VERIFIERS[fmt](path)
+                          f"{', '.join(sorted(known))}")
+    return known[fmt](path)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -8,7 +8,9 @@ import pytest
 PROBE = """
 import logging, sys
 import lshdist.cli as cli
-cli.build_parser()  # imports dask (lshdist.cluster registers its sizes) before the levels are set
+cli.build_parser()  # imports no dask: configure_logging loads dask's config itself
+if sys.argv[2:] == ['early']:
+    import dask  # a caller's imports may load dask's config before the levels are set
 cli.configure_logging(int(sys.argv[1]))
 import distributed  # sets its loggers from dask's config on first import
 print(logging.getLogger("distributed").getEffectiveLevel(),
@@ -16,16 +18,17 @@ print(logging.getLogger("distributed").getEffectiveLevel(),
 """
 
 
+@pytest.mark.parametrize("when", ["late", "early"])
 @pytest.mark.parametrize(("verbose", "level"), [(0, 30), (1, 20), (2, 10)])
-def test_dask_loggers_follow_the_verbosity(verbose, level):
-    """Without -v Dask logs warnings only (-v: INFO, -vv: DEBUG).  The parser's imports load
-    dask's config before `configure_logging` runs, and distributed, imported later, set its
-    loggers to INFO from it: every Dask job printed dozens of scheduler lines and, at
-    shutdown, a closed stream's traceback.  A fresh interpreter: distributed must not be
-    imported yet."""
+def test_dask_loggers_follow_the_verbosity(verbose, level, when):
+    """Without -v Dask logs warnings only (-v: INFO, -vv: DEBUG), whether dask's config was
+    loaded before `configure_logging` runs (``early``) or not (``late``; the parser imports no
+    dask): distributed, imported later, sets its loggers from that config, and at INFO every
+    Dask job printed dozens of scheduler lines and, at shutdown, a closed stream's traceback.
+    A fresh interpreter: distributed must not be imported yet."""
     env_free = {k: v for k, v in __import__("os").environ.items()
                 if not k.startswith("DASK_LOGGING")}
-    out = subprocess.run([sys.executable, "-c", PROBE, str(verbose)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", PROBE, str(verbose), when], capture_output=True,
                          text=True, env=env_free, check=True).stdout.split()
     assert out == [str(level), str(level)]
 
