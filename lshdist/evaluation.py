@@ -103,8 +103,9 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                          hamming_keep=settings.hamming_keep, learned=learned,
                          seed=settings.seed, target_recall=settings.target_recall,
                          calibration_queries=settings.calibration_queries,
-                         calibration_k=recall_k or kmax).fit(X_train,
-                                                             n_threads=settings.n_threads)
+                         calibration_k=recall_k or kmax,
+                         # recall is measured below on every test query, not on a sample
+                         check_recall=False).fit(X_train, n_threads=settings.n_threads)
         t_build = time.perf_counter() - t0
         on_queries = settings.target_recall is not None and settings.calibration_queries is None
         # a batch of queries known in advance: calibrate on a sample of them (what
@@ -183,7 +184,7 @@ def sweep(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Array
                 s = replace(s, n_permutations=None)
             ix = MetricIndex(metric, bits=s.bits, n_permutations=s.n_permutations,
                              epsilon=s.epsilon, window=s.window, hamming_keep=s.hamming_keep,
-                             learned=learned, seed=s.seed).fit(X_train)
+                             learned=learned, seed=s.seed, check_recall=False).fit(X_train)
             if truth is None:
                 _, truth = ix.query(X_test, kmax, mode="scan", n_threads=s.n_threads)
             _, ids = ix.query(X_test, kmax, mode="hash", n_threads=s.n_threads)

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from lshdist.errors import FormatError
+
 #: the fewest queries a check answers exactly (all of them, for smaller jobs)
 MIN_CHECK_QUERIES = 50
 #: ... else this share of them ...
@@ -139,6 +141,18 @@ class MeasuredRecall:
                 "mode": self.mode, "action": self.action, "checks": self.checks,
                 "note": self.note}
 
+    @classmethod
+    def from_json(cls, d: Any, *, where: str = "measured_recall") -> MeasuredRecall:
+        try:
+            return cls(float(d["value"]), float(d["interval"][0]), float(d["interval"][1]),
+                       int(d["queries_sampled"]), int(d["queries"]), int(d["k"]),
+                       None if d.get("target") is None else float(d["target"]),
+                       None if d.get("estimate") is None else float(d["estimate"]),
+                       str(d["mode"]), str(d["action"]), list(d.get("checks", [])),
+                       str(d.get("note", "")))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise FormatError(f"{where} is malformed ({type(exc).__name__}: {exc})") from None
+
     def line(self) -> str:
         """One line for the log and ``lshdist info``."""
         est = "" if self.estimate is None else f", calibration estimated {self.estimate:.3f}"
@@ -149,6 +163,11 @@ class MeasuredRecall:
         return (f"measured recall@{self.k} {self.value:.3f} [{self.low:.3f}, {self.high:.3f}] "
                 f"on {self.sampled} of {self.queries} queries{est}; {self.action}"
                 + (f": {self.note}" if self.note else ""))
+
+
+def line_of(record: dict[str, Any]) -> str:
+    """`MeasuredRecall.line` of a ``measured_recall`` record."""
+    return MeasuredRecall.from_json(record).line()
 
 
 def measured(found: np.ndarray, truth: np.ndarray, k: int, n_queries: int, *, mode: str,

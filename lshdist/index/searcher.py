@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from lshdist.validation import check_finite
 
 if TYPE_CHECKING:
     from lshdist.hashing.families import HashFamily
+    from lshdist.index.recall_check import MeasuredRecall
     from lshdist.protocols import Metric, RerankPayload
 
 MODES = ("hash", "scan")
@@ -159,6 +161,11 @@ class MetricIndex:
         rows first calibrates again on a sample of those queries (`query_sample_size`: their
         exact neighbours cost about 2 % of a scan), so that the operating point fits the queries
         actually asked — a database's own rows can be easier queries than the real ones
+    check_recall : a hashed ``query`` also answers a seeded sample of its queries by the exact
+        scan (`lshdist.index.recall_check.check_size`: 2 %, 50 to 500 of them) and records the
+        recall@k it measured, with its 95 % interval, in ``measured_recall_``; with
+        ``mode="auto"`` and a target, a shortfall re-calibrates on the queries (checked again),
+        and a proven miss is answered by the scan (`lshdist.index.recall_check.enforce`)
 
     With a target, calibration happens when first needed, not in ``fit``: a bulk
     ``query(mode="auto")`` calibrates on a sample of its own queries (``query_calibration_``);
@@ -171,7 +178,8 @@ class MetricIndex:
                  epsilon: float | None = None, window: int | None = None,
                  hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
                  target_recall: float | None = None, calibration_k: int = 10,
-                 calibration_queries: RowsLike | None = None, recalibrate: bool = True) -> None:
+                 calibration_queries: RowsLike | None = None, recalibrate: bool = True,
+                 check_recall: bool = True) -> None:
         self.metric = metric
         self.bits = bits
         self.n_permutations = n_permutations
@@ -184,6 +192,7 @@ class MetricIndex:
         self.calibration_k = calibration_k
         self.calibration_queries = calibration_queries
         self.recalibrate = recalibrate
+        self.check_recall = check_recall
 
     def fit(self, X: RowsLike, ids: np.ndarray | None = None, *, n_threads: int = 1
             ) -> MetricIndex:
@@ -247,6 +256,7 @@ class MetricIndex:
     def set_operating_point(self, mode: str, point: Point | None) -> None:
         """Answer ``mode="auto"`` queries with ``mode`` at ``point`` (M, W, H)."""
         self._mode = mode
+        self._point = point
         if point is not None:
             self.index_.window = point.window
             self.index_.hamming_keep = point.hamming_keep
@@ -260,22 +270,84 @@ class MetricIndex:
         self._check_fitted()
         if mode not in (*MODES, "auto"):
             raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
+        asked = mode
+        recalibrated = False
         if mode == "auto":
             if (self.target_recall is not None and self.recalibrate
                     and n_rows(as_block(Xq)) >= RECALIBRATE_QUERIES):
                 self.calibrate_for(Xq, n_threads=n_threads, answered=n_rows(as_block(Xq)))
+                recalibrated = True
             mode = self.mode_
         elif mode == "hash":
             self.mode_  # noqa: B018  (the calibrated operating point, computed on first use)
-        self.last_mode_ = mode
         qcodes, qpayload = encode(self.metric, self.family_, Xq, query=True,
                                  n_threads=n_threads)
-        dist, ids, stats = answer(self.index_, qcodes, qpayload, k, mode=mode, bulk=bulk,
-                                  n_threads=n_threads,
-                                  n_permutations=getattr(self, "op_permutations_", None))
+
+        def run(mode: str, codes: np.ndarray, payload: RerankPayload
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+            return answer(self.index_, codes, payload, k, mode=mode, bulk=bulk,
+                          n_threads=n_threads,
+                          n_permutations=getattr(self, "op_permutations_", None))
+
+        dist, ids, stats = run(mode, qcodes, qpayload)
+        if self.check_recall:
+            final = self._checked(Xq, k, mode, asked == "auto", ids, recalibrated, n_threads,
+                                  lambda m: run(m, qcodes, qpayload))
+            if final is not None:
+                mode, (dist, ids, stats) = final
+        self.last_mode_ = mode
         if mode == "hash":
             self.stats_ = stats
         return dist, ids
+
+    def _checked(self, Xq: RowsLike, k: int, mode: str, auto: bool, ids: np.ndarray,
+                 recalibrated: bool, n_threads: int,
+                 rerun: Callable[[str], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]
+                 ) -> tuple[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] | None:
+        """Measure this query's recall on a seeded sample of its rows (`measured_recall_`)
+        and keep the promise (`lshdist.index.recall_check.enforce`); returns the answers of
+        a mode or point the check moved to (None: the answers stand)."""
+        from lshdist.index.recall_check import check_rows, enforce, measured
+
+        Q = len(ids)
+        cal = getattr(self, "query_calibration_", None) or self._calibration
+        target = self.target_recall
+        first = getattr(self, "_point", None)
+        rows = check_rows(Q, self.seed)
+        sample: list[Any] = []  # the sample's keys, payload and exact answer, once needed
+
+        def measure(point: Point | None, estimate: float | None) -> MeasuredRecall:
+            if not sample:
+                scodes, spayload = encode(self.metric, self.family_,
+                                          take_rows(as_block(Xq), rows), query=True,
+                                          n_threads=n_threads)
+                sample.extend([scodes, spayload, answer(
+                    self.index_, scodes, spayload, k, mode="scan", n_threads=n_threads)[1]])
+            scodes, spayload, truth = sample
+            if point is first:
+                found = ids[rows]
+            else:
+                found = answer(self.index_, scodes, spayload, k, mode="hash",
+                               n_threads=n_threads,
+                               n_permutations=getattr(self, "op_permutations_", None))[1]
+            return measured(found, truth, k, Q, mode="hash", target=target, estimate=estimate)
+
+        def recalibrate() -> tuple[str, Any, str, float | None]:
+            c = self.calibrate_for(Xq, n_threads=n_threads, answered=Q)
+            return c.mode, c.reference, c.reason, None if c.chosen is None else c.chosen.recall
+
+        d = enforce(mode=mode, point=first, estimate=None if cal is None or first is None
+                    else first.recall, target=target, auto=auto, n_queries=Q, k=k,
+                    measure=measure,
+                    recalibrate=None if (recalibrated or cal is None or not self.recalibrate)
+                    else recalibrate)
+        self.measured_recall_ = d.recall
+        log.info("%s", d.recall.line())
+        if d.mode == mode and d.point is first:
+            return None
+        if d.mode == "hash" and d.point is not None:
+            self.set_operating_point("hash", d.point)
+        return d.mode, rerun(d.mode)
 
     def calibrate_for(self, Xq: RowsLike, *, n_threads: int = 1, answered: int | None = None
                       ) -> Calibration:

@@ -106,19 +106,44 @@ def _calibration(m: dict[str, Any]) -> dict[str, Any]:
             "calibration_curve": curve}
 
 
+def describe_results(path: Path) -> dict[str, Any]:
+    """A results directory: its size, how its queries were answered and the recall the job
+    measured on a sample of them (``measured_recall``) beside the calibration's estimate."""
+    from lshdist.index.recall_check import MeasuredRecall
+    from lshdist.store.results import read_meta
+
+    meta = read_meta(path)
+    info = meta.info
+    op = info.get("operating_point")
+    out: dict[str, Any] = {"format": "lshdist-results", "path": str(path), "k": meta.k,
+                           "queries": meta.queries, "parts": len(meta.parts),
+                           "mode": info.get("mode"),
+                           "operating_point": None if not isinstance(op, dict) else
+                           ", ".join(f"{key}={v}" for key, v in op.items()),
+                           "reason": info.get("reason")}
+    rec = info.get("measured_recall")
+    if isinstance(rec, dict):
+        m = MeasuredRecall.from_json(rec, where=f"{str(path)!r}: measured_recall")
+        out["measured_recall"] = m.line()
+    else:
+        out["measured_recall"] = "not measured (--no-check-recall, or an older lshdist)"
+    return out
+
+
 def describers() -> dict[str, Callable[[Path], dict[str, Any]]]:
     """Directory kinds by the ``format`` they declare (the store modules, imported here
     rather than with the module, keep `lshdist --help` light)."""
     from lshdist.store.dataset import FORMAT as DATASET_FORMAT
     from lshdist.store.index import FORMAT as INDEX_FORMAT
     from lshdist.store.model import FORMAT as MODEL_FORMAT
+    from lshdist.store.results import FORMAT as RESULTS_FORMAT
 
     return {DATASET_FORMAT: describe_dataset, MODEL_FORMAT: describe_model,
-            INDEX_FORMAT: describe_index}
+            INDEX_FORMAT: describe_index, RESULTS_FORMAT: describe_results}
 
 
 #: where each directory kind keeps its ``format``: Zarr group attributes or a JSON manifest
-_MANIFESTS = ("zarr.json", "model.json", "index.json")
+_MANIFESTS = ("zarr.json", "model.json", "index.json", "results.json")
 _REDO = "write it again (a dataset with `lshdist ingest`)"
 
 
@@ -140,7 +165,7 @@ def directory_format(path: Path) -> str | None:
             attrs = meta.get("attributes", {}) if name == "zarr.json" else meta
             return attrs.get("format") if isinstance(attrs, dict) else None
     raise FormatError(
-        f"{str(path)!r} is not an lshdist dataset, model or index (none of "
+        f"{str(path)!r} is not an lshdist dataset, model, index or results directory (none of "
         f"{', '.join(_MANIFESTS)} found)"
     )
 

@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     with client_from_config(cluster) as client:
         r = run_query(client, plan, stall=cluster.stall_timeout)
     sys.stdout.write(f"{r['queries']} queries x {r['segments']} segments -> {r['out']}\n")
+    if r.get("measured_recall"):
+        from lshdist.index.recall_check import line_of
+
+        sys.stdout.write(line_of(r["measured_recall"]) + "\n")
     return 0
 
 

@@ -88,7 +88,7 @@ def _fake(value: float, n: int = 100, population: int = 5000):
     """A measure callback whose recall is ``value`` on every sampled query."""
     found = np.tile(np.arange(10), (n, 1))
     truth = found.copy()
-    miss = int(round((1 - value) * 10))
+    miss = round((1 - value) * 10)
     truth[:, :miss] += 100
     return lambda point, estimate: measured(found, truth, 10, population, mode="hash",
                                             target=0.9, estimate=estimate)

@@ -295,7 +295,8 @@ def test_failure_while_writing_leaves_nothing(tmp_path, capsys, small, monkeypat
 
 def _plain_directory(tmp):
     (tmp / "d").mkdir()
-    return ["d"], r"'d' is not an lshdist dataset, model or index \(none of zarr.json"
+    return ["d"], (r"'d' is not an lshdist dataset, model, index or results directory "
+                   r"\(none of zarr.json")
 
 
 def _missing(tmp):
