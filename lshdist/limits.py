@@ -25,8 +25,8 @@ def one_blas_thread() -> Iterator[None]:
     entered while another is active (nested in the same thread, in a thread the holder waits
     for, or in another thread) neither waits nor touches the limit — BLAS is at one thread
     already — so sections never deadlock and never restore each other's limit; if the holder
-    ends first, the rest of the other runs with BLAS's own threads (slower, not wrong).  (Until
-    session 16 a section waited for the holder: a threaded scan inside a section deadlocked.)"""
+    ends first, the rest of the other runs with BLAS's own threads (slower, not wrong).  (A first
+    version waited for the holder: a threaded scan inside a section deadlocked.)"""
     from threadpoolctl import threadpool_limits
 
     if not _ONE_BLAS_THREAD.acquire(blocking=False):
@@ -54,8 +54,8 @@ def available_cores() -> int:
 #: map every block above its dynamic threshold (at most 32 MiB) afresh and unmap it when freed,
 #: so each 20,000 x 784 float32 shard the driver decodes (62.7 MB; a learning sample is read
 #: shard by shard) faulted its pages in again: reading the 1 M set's 20,000-row sample took
-#: 5.6-6.9 s (3.5-5.1 s of it system time), with these 3.0-3.3 s (0.1-0.5 s) — README
-#: "Metric selection", session 20.  Blocks a thread's own arena serves stay under its 64 MiB
+#: 5.6-6.9 s (3.5-5.1 s of it system time), with these 3.0-3.3 s (0.1-0.5 s), measured on
+#: `lshdist learn` of the 1 M set.  Blocks a thread's own arena serves stay under its 64 MiB
 #: heap.  glibc before the limit was lifted (2.36 has none) refuses mmap thresholds above 32
 #: MiB: then 32 MiB.  Workers get theirs at spawn (`lshdist.cluster.client`).
 DRIVER_MALLOC = {"M_TRIM_THRESHOLD": 256 << 20, "M_TOP_PAD": 64 << 20,
