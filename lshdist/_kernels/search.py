@@ -863,7 +863,7 @@ def candidate_recall_grid(full, ham, n_bits, truth, qself, ms, ws, keeps):
     # neighbours and own row.  Both are read at random rows for every entry; at N/8 bytes
     # (7.5 KB for 60,000 rows) they stay in L1, where int32 arrays per row (720 KB) did not
     # stay even in L2 (paired: 1.07x on 100 Fashion-MNIST queries, 1.38x with the rows' ids
-    # spread over 1 M; README, issue 10, session 24)
+    # spread over 1 M)
     n_words = (max(N, 1) + 63) >> 6
     seen = np.zeros(n_words, dtype=np.uint64)
     special = np.zeros(n_words, dtype=np.uint64)
