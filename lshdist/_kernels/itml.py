@@ -90,7 +90,7 @@ def explicit_block(d: int) -> int:
     """Constraints per block of `itml_explicit`: one below d = 64 (a matrix product's call
     costs more than the loop it replaces: Letter's 16-d fit 0.041 s a constraint at a time,
     0.069 s at best blocked), else ``min(64, d // 2)`` (d = 784: 3.4 -> 0.40 s a pass of 10,000
-    pairs; d = 128: 0.21 -> 0.12 s; measured in session 14)."""
+    pairs; d = 128: 0.21 -> 0.12 s; measured)."""
     return 1 if d < 64 else int(min(64, d // 2))
 
 
