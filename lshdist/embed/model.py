@@ -33,7 +33,7 @@ from lshdist.errors import InputError, NotFittedError
 #: the set kernels a model can carry
 SET_KERNELS = ("pmk", "pdk")
 #: default pyramid levels.  With the default finest side (below) level i has bins of side
-#: ``span / 2**(L-2-i)``.  See `DEFAULT_PCA` and the README for how they were chosen.
+#: ``span / 2**(L-2-i)``.  See `DEFAULT_PCA` for how they were chosen.
 DEFAULT_LEVELS = 6
 #: default dimension the PMK projects local features to (PCA on the fitted sample), as
 #: Grauman & Darrell did with PCA-SIFT (10 dimensions): a uniform grid in ~100 dimensions
