@@ -1,4 +1,4 @@
-"""Operating points from a recall target: calibration of a `PermutationIndex` (issue 10).
+"""Operating points from a recall target: calibration of a `PermutationIndex`.
 
 A fitted index with M_max lists is a family of indexes: its first M' lists are an M'-list
 build (nested permutations), and any window W' <= W_max and Hamming cut H are query-time
@@ -116,8 +116,8 @@ class Point:
         (``width`` numbers and 8 for its top-k).  Weights from a profile on Fashion-MNIST
         (10,000 queries, one thread, b = 512: 18 ns per window entry, 0.31 us per re-ranked
         784-float row, 0.39 ns per number).  It orders the points; timing decides only hash
-        against scan, so that the same seed always gives the same choice.  (Until session 12
-        the lists were counted once for a merged answer of several segments while the rows
+        against scan, so that the same seed always gives the same choice.  (A first cost model
+        counted the lists once for a merged answer of several segments while the rows
         re-ranked were summed over them: at 1 M rows in 11 segments that priced list walks 11x
         too low, and the finer grid then found (96, 32, 60) "cheaper" than (128, 16, 80).)"""
         return (self.parts * self.permutations * (50 + 90 * self.window)
