@@ -34,8 +34,8 @@ _CAP_FACTOR = 4
 #: ``4 * PRUNE_RANK`` columns, in batches whose product it cuts at least 4-fold
 #: (`prunes`).  Shifted Fashion-MNIST (100,000 rows, 1,000 test queries, k = 11): rows whose
 #: bound in 64 principal directions is within the 11th distance, 1.4 % on average (3.4 % at
-#: the 90th percentile); with 32 directions 3.6 %, with 96 0.75 % (README "A million rows",
-#: session 21)
+#: the 90th percentile); with 32 directions 3.6 %, with 96 0.75 % (measured on the 1 M-row
+#: benchmark's truth)
 PRUNE_RANK = 64
 #: queries of one pruned block (their bounds, float32 (block, N), are one array)
 _PRUNE_BLOCK = 256
