@@ -4,7 +4,7 @@ Dask sizes every task result with `dask.sizeof.sizeof`, and an object it does no
 as `sys.getsizeof`: 56 bytes for a fitted 100,000-row segment that holds ~0.5 GB of arrays.
 Blind to the weights, the scheduler's work stealing moved segments between workers as if they
 were free — in the 1 M index build, 11 of its tasks waited 10.8 s for fitted segments copied
-from the other worker, and write tasks 3.5 s more (README "A million rows", session 21) — and
+from the other worker, and write tasks 3.5 s more — and
 the workers' memory accounting saw none of the index.  `register` gives Dask the bytes of the
 arrays an lshdist object holds (`held_bytes`).
 """
