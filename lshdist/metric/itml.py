@@ -6,6 +6,7 @@ The projections follow ARCHITECTURE.md section 2 exactly; the loops run in
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -92,6 +93,59 @@ class _ITMLParams:
         self.bound_sample = bound_sample
         self.seed = seed
 
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        """The estimator's parameters: the keyword arguments of ``__init__`` along the class
+        hierarchy (a subclass passes the ones it does not name on with ``**kw``), sorted."""
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            init = vars(klass).get("__init__")
+            if init is None or klass is object:
+                continue
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        return sorted(names)
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The parameters given to ``__init__`` (scikit-learn's protocol: ``clone`` works).
+
+        Parameters
+        ----------
+        deep : bool
+            Accepted for scikit-learn's sake; no parameter is itself an estimator.
+
+        Returns
+        -------
+        dict
+            Parameter name to value, as stored.
+        """
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params: Any) -> Any:
+        """Set parameters by name (checked when ``fit`` runs); returns the estimator.
+
+        Raises
+        ------
+        InputError
+            For a name that is not a parameter of this estimator.
+        """
+        names = self._param_names()
+        for key, value in params.items():
+            if key not in names:
+                raise InputError(f"{key!r} is not a parameter of {type(self).__name__}; its "
+                                 f"parameters are {', '.join(names)}")
+            setattr(self, key, value)
+        return self
+
+    def __repr__(self) -> str:
+        init = {n: p.default for klass in reversed(type(self).__mro__)
+                if "__init__" in vars(klass) and klass is not object
+                for n, p in inspect.signature(vars(klass)["__init__"]).parameters.items()}
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
+                   if not (isinstance(v, (str, int, float, bool, tuple, type(None)))
+                           and v == init.get(k))]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
     def _validate_params(self) -> tuple[float, float]:
         if self.constraints not in STRATEGIES:
             raise InputError(
@@ -141,21 +195,58 @@ class _ITMLParams:
 
 
 class ITML(_ITMLParams):
-    """Explicit ITML: learns a d x d matrix ``A`` (a `ExplicitMetric`).
+    """Explicit ITML: learns a d x d matrix ``A = G^T G`` (a scikit-learn-shaped estimator).
+
+    ``fit(X, y)`` draws similar and dissimilar pairs from the labels (``constraints``) and
+    learns ``A`` so that similar pairs fall within ``u`` and dissimilar ones beyond ``l``;
+    ``transform(X)`` gives ``G x``, on which Euclidean distance is the learned distance.
+    Parameters are keyword-only and stored as given (`get_params`, `set_params`,
+    ``sklearn.base.clone`` work); they are checked by `fit`.
 
     Parameters
     ----------
-    gamma : slack trade-off (``inf``: hard constraints)
-    max_iter, tol : stopping rule on the change of the dual variables (metric-learn's)
-    constraints : ``"neighbors"`` (default) or ``"random"`` when drawn from labels
-    n_constraints : number of pairs drawn from labels
-    n_neighbors : neighbours per anchor for ``"neighbors"``
-    percentiles : ``"code"`` (5th/95th, the authors' code; default), ``"paper"`` (1st/99th) or
-        a pair; the bounds ``u, l`` are these percentiles of squared distances (under the prior)
-        of ``bound_sample`` random points
-    bounds : explicit ``(u, l)``, overrides ``percentiles``
-    prior : ``"identity"``, ``"inverse-covariance"`` or a d x d positive definite matrix
-    seed : seeds constraint and sample draws
+    prior : {"identity", "inverse-covariance"} or array-like (d, d)
+        The prior ``A0`` the learned matrix stays close to (a matrix: positive definite).
+    gamma : float
+        Slack trade-off (``inf``: hard constraints).
+    max_iter : int
+        Passes over the constraints at most.
+    tol : float
+        Stop when the dual variables change by less than this (metric-learn's rule).
+    constraints : {"neighbors", "random"}
+        How pairs are drawn from labels: same-label neighbours and different-label impostors
+        of sampled anchors, or random pairs.
+    n_constraints : int
+        Pairs drawn from the labels.
+    n_neighbors : int
+        Neighbours per anchor (``constraints="neighbors"``).
+    percentiles : {"code", "paper"} or (float, float)
+        The bounds ``u, l`` are these percentiles of the squared distances (under the prior)
+        of ``bound_sample`` random points: ``"code"`` 5th/95th (the authors' code), ``"paper"``
+        1st/99th.
+    bounds : (float, float), optional
+        Explicit ``(u, l)``; overrides ``percentiles``.
+    bound_sample : int
+        Rows sampled for the percentile bounds.
+    seed : int
+        Seeds the constraint and sample draws.
+
+    Attributes
+    ----------
+    A_ : ndarray, float64 (d, d)
+        The learned matrix.
+    center_ : ndarray, float32 (d,)
+        Mean of the training rows (where hash hyperplanes pass through).
+    bounds_ : (float, float)
+        The ``(u, l)`` used.
+    pairs_, delta_ : ndarray (n, 2), ndarray (n,)
+        The constraints: row pairs and +1 (similar) / -1 (dissimilar).
+    n_iter_ : int
+        Passes made.
+    conv_ : float
+        The last pass's change of the dual variables.
+    d_ : int
+        Features.
     """
 
     def __init__(self, *, prior: str | ArrayLike = "identity", **kw: Any) -> None:
@@ -232,6 +323,28 @@ class ITML(_ITMLParams):
             raise NotFittedError("this ITML is not fitted yet; call fit(X, y) first")
         return ExplicitMetric(self.A_, center=self.center_)
 
+    def transform(self, X: RowsLike) -> np.ndarray:
+        """Map rows to ``G x`` (``A = G^T G``): Euclidean distances between the transformed
+        rows are the learned distances, for any tool that knows only L2.
+
+        Parameters
+        ----------
+        X : array-like (n, d)
+            Dense rows with the ``d`` features the metric was learned on.
+
+        Returns
+        -------
+        ndarray, float32 (n, d)
+
+        Raises
+        ------
+        NotFittedError
+            Before `fit`.
+        InputError
+            For rows of another width, or sparse rows.
+        """
+        return self.metric().transform(X)
+
 
 def _inv_sqrt_psd(K0: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, int]:
     """``K0^{-1/2}`` on the range of K0 (pseudo-inverse square root) and the rank kept."""
@@ -262,17 +375,41 @@ class KernelITML(_ITMLParams):
 
     ``route="basis"`` — constraints among basis points only: eq. 5 on ``K`` and Lemma 2 on ``S``.
 
+    The metric is implicit (``G`` acts on the kernel's feature space): it has no
+    ``transform``; `lshdist.MetricIndex` searches under it.  Dense or sparse rows.
+
     Parameters
     ----------
-    kernel : base kernel name (``"linear"``)
-    n_basis : c, number of basis points drawn at random (seeded) from X
-    basis : explicit basis row indices into X (overrides ``n_basis``)
-    rank_rtol : eigenvalues of K0 below ``rank_rtol * max`` are treated as zero (a singular K0,
-        e.g. duplicate basis points, is reported and handled on its range, never inverted)
-    n_constraints, max_iter : defaults 2,000 and 100 (on 20 Newsgroups, c=300 and 2,000
-        neighbour pairs converge in about 45 passes, 7 s; c=500 with 5,000 pairs took 112 s for
-        the same accuracy)
-    other parameters : as `ITML`
+    kernel : str
+        Base kernel name (``"linear"``).
+    n_basis : int
+        c, basis points drawn at random (seeded) from X.
+    basis : array-like of int, optional
+        Explicit basis row indices into X (overrides ``n_basis``).
+    route : {"span", "basis"}
+        Constraints among any rows (span coordinates) or among basis points only.
+    rank_rtol : float
+        Eigenvalues of K0 below ``rank_rtol * max`` are treated as zero (a singular K0, e.g.
+        duplicate basis points, is reported and handled on its range, never inverted).
+    n_constraints : int
+        Pairs drawn from the labels (2,000: on 20 Newsgroups, c=300 and 2,000 neighbour pairs
+        converge in about 45 passes, 7 s; c=500 with 5,000 pairs took 112 s for the same
+        accuracy).
+    max_iter : int
+        Passes over the constraints at most.
+    gamma, tol, constraints, n_neighbors, percentiles, bounds, bound_sample, seed
+        As `ITML`.
+
+    Attributes
+    ----------
+    S_ : ndarray, float64 (c, c)
+        The learned ``S`` of ``G = I + Phi S Phi^T``.
+    basis_ : ndarray or SparseBlock (c rows)
+        The basis rows; ``basis_index_`` their row numbers in X.
+    K0_ : ndarray, float64 (c, c)
+        Kernel matrix of the basis.
+    bounds_, pairs_, delta_, n_iter_, conv_
+        As `ITML`.
     """
 
     def __init__(self, *, kernel: str = "linear", n_basis: int = 300,
