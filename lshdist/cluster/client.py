@@ -33,7 +33,7 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 #: setting against 111-114 s with this one (91-97 s against 79-82 s on two).  An earlier,
 #: larger setting (64 MiB kept, 32 MiB blocks, any number of arenas) was as fast but held more
 #: (query-memory benchmark, worker peak at 16,000 / 1,000 queries: 1.28 against 1.13 now).
-#: 128 MiB blocks were tried and 128 MiB kept (62.7 MB shard decodes then stay on the
+#: 128 MiB blocks and 128 MiB kept were tried (62.7 MB shard decodes then stay on the
 #: heap; the 2-worker 1 M query stage ~7 % faster in 2 of 3 paired rounds, segment loads alike
 #: once the VM's first touch of memory was out of the way) and 32 / 32 MiB; the query-memory
 #: line (worker peak at 16,000 / 1,000 queries, < 1.20 asked) read 1.22 and 1.20 with them and
@@ -78,8 +78,8 @@ DASK_MEMORY = {"distributed.worker.memory.target": 0.6,
 #: no work stealing: lshdist places its tasks itself — segments spread over the workers by
 #: rows (`lshdist.cluster.pipeline.spread`), each search beside its segment and its worker's
 #: encoding of the chunk (`chunk_tasks`) — and a stolen search drags its segment (~0.44 GB for
-#: 100,000 rows of 784-d) to the thief, which then holds a second copy.  Measured on
-#: the 1 M query stage from the stored index, 2 workers, copied 4
+#: 100,000 rows of 784-d) to the thief, which then holds a second copy.  On the 1 M
+#: query stage from the stored index, 2 workers, stealing copied 4
 #: segments (1.4 GB) and 9 chunk encodings between the workers with stealing, nothing without;
 #: 79.0 / 73.4 / 69.5 s with stealing, 76.2 / 67.6 / 68.8 s without (3 paired rounds).  A task
 #: whose preferred worker leaves still runs elsewhere (its placement is a loose restriction).
