@@ -20,7 +20,8 @@ Two ways to find candidates from the same keys (``mode``):
   high dimensions nearly every row is within a few tenths of a radian of perpendicular
   (Fashion-MNIST, an SVM's normal: median |cos theta| 0.08-0.13), so prefix agreement hardly
   tells rows apart; H-Hash's two bits per function also carry the angle itself, linearly:
-  ``E[D_u - D_v] = F (2 theta/pi - 1)`` over F functions.  Measured: docs/design/notes.md and docs/benchmarks.md.
+  ``E[D_u - D_v] = F (2 theta/pi - 1)`` over F functions.  Measured: docs/design/notes.md and
+  docs/benchmarks.md.
 """
 
 from __future__ import annotations
