@@ -41,3 +41,55 @@ def newsgroups(data_root):
     from lshdist.datasets import load_newsgroups
 
     return load_newsgroups(root=data_root)
+
+
+def _reseal_dataset(path):
+    """Seal a dataset edited on purpose as a careful forger would: every shard checksum and the
+    attributes checksum recomputed from what is stored now (so only the content checks are
+    left between the edit and the readers)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import zarr
+
+    from lshdist.store.dataset import attrs_checksum, shard_digest
+
+    path = Path(path)
+    meta = json.loads((path / "zarr.json").read_text())
+    attrs = meta["attributes"]
+    g = zarr.open_group(str(path), mode="r")
+    n = attrs["N"]
+    if attrs["kind"] == "sparse":
+        b = np.asarray(g["X/shard_bounds"][:])
+    else:
+        b = np.append(np.arange(0, n, attrs["shard_rows"]), n)
+    spans = list(zip(b[:-1].tolist(), b[1:].tolist()))
+
+    def rows(name):
+        a = np.asarray(g[name][:])
+        return [shard_digest(a[lo:hi]) for lo, hi in spans]
+
+    def csr(offsets, *names):
+        off, arrays = np.asarray(g[offsets][:]), [np.asarray(g[a][:]) for a in names]
+        return [shard_digest(off[lo:hi + 1], *(a[off[lo]:off[hi]] for a in arrays))
+                for lo, hi in spans]
+
+    sums = {"ids": rows("ids")}
+    if "y" in g:
+        sums["y"] = rows("y")
+    if attrs["kind"] == "dense":
+        sums["X"] = rows("X")
+    elif attrs["kind"] == "sparse":
+        sums["X"] = csr("X/indptr", "X/indices", "X/data")
+    else:
+        sums["P"] = csr("P/offsets", "P/values", *(["P/coords"] if "P/coords" in g else []))
+    attrs["checksums"] = sums
+    attrs["checksum"] = attrs_checksum(attrs)
+    (path / "zarr.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def reseal():
+    """``reseal(dataset_path)``: `_reseal_dataset`."""
+    return _reseal_dataset

@@ -30,11 +30,11 @@ def verify_model(path: Path) -> str:
 
 def verify_index_dir(path: Path) -> str:
     from lshdist.store.index import list_orphans, verify_index
-    from lshdist.store.model import read_model_meta
+    from lshdist.store.model import load_model
 
     manifest = verify_index(path)
     try:
-        model_meta = read_model_meta(manifest["model"])
+        _, model_meta = load_model(manifest["model"])  # every array against its checksum
     except InputError as exc:
         raise InputError(f"index {str(path)!r} is intact, but its model cannot be read: "
                          f"{exc}") from None
@@ -42,10 +42,37 @@ def verify_index_dir(path: Path) -> str:
         raise InputError(f"index {str(path)!r} is intact, but the model at "
                          f"{manifest['model']!r} is not the one it was built with (checksums "
                          "differ); restore that model or rebuild the index")
+    sources = _source_datasets(path, manifest)
     orphans = list_orphans(path)
     extra = f"; {len(orphans)} orphans (`lshdist gc` removes them)" if orphans else ""
     return (f"index {str(path)!r}: {len(manifest['segments'])} segments, {manifest['rows']} "
-            f"rows, every segment and the model checked{extra}")
+            f"rows, every segment and the model checked{sources}{extra}")
+
+
+def _source_datasets(path: Path, manifest: dict[str, Any]) -> str:
+    """The datasets the index's segments were built from, each opened (its attributes against
+    their checksum, its arrays' shapes): what `verify` says of them.  A dataset that is gone is
+    said so, not an error: queries read only the index."""
+    from lshdist.store.dataset import Dataset
+
+    names = list(dict.fromkeys(e["source"] for e in manifest["segments"] if "source" in e))
+    gone = []
+    for name in names:
+        if not Path(name).exists():
+            gone.append(name)
+            continue
+        try:
+            Dataset(name)
+        except InputError as exc:
+            raise InputError(f"index {str(path)!r} is intact, but the dataset it was built from "
+                             f"is damaged: {exc}") from None
+    if not names:
+        return ""
+    checked = len(names) - len(gone)
+    said = f", {checked} source dataset{'s' if checked != 1 else ''} checked"
+    if gone:
+        said += f" ({len(gone)} no longer there: {', '.join(repr(g) for g in gone[:3])})"
+    return said
 
 
 def verifiers() -> dict[str, Callable[[Path], str]]:

@@ -12,7 +12,16 @@ Layout of a dataset directory::
                              optional float32 (T, 2) image coordinates.  ``d`` is the feature
                              dimension of a point, ``nnz`` the number of points T
     y                        optional int32 label codes (index into ``classes``)
-    ids                      int64 row ids (default 0..N-1)
+    ids                      int64 row ids (default 0..N-1), unique
+
+Format version 2 seals every shard: the attributes hold ``checksums`` -- for each of ``X``
+(dense rows; sparse: the shard's slice of ``indptr`` and its ``indices`` and ``data``), ``P``
+(a shard's ``offsets``, ``values`` and ``coords``), ``ids`` and ``y``, one sha256 a shard
+(`shard_digest`) -- and ``checksum``, a sha256 over all the other attributes.  Every read
+recomputes the checksums of the shards it touches (a deleted Zarr chunk reads back as fill
+values and is caught there), so workers never compute on a damaged shard.  A version 1 dataset
+(no checksums) is refused unless opened with ``legacy=True``, which `lshdist ingest` does to
+convert one.
 
 A shard is read alone: only the Zarr chunks that overlap its rows are fetched.  A point-set
 dataset's rows are sets (`lshdist.embed.pointsets.PointSets`, read by `Dataset.read_sets`); the
@@ -23,8 +32,12 @@ vector readers refuse them: a model with a set kernel maps them to rows
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
+import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,10 +53,19 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_spars
 from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
+from lshdist.store.files import BoundedStore, load_json
+from lshdist.store.model import array_checksum
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
 
+log = logging.getLogger(__name__)
+
 FORMAT = "lshdist-dataset"
-VERSION = 1
+#: 2: shard checksums and an attributes checksum
+VERSION = 2
+#: a dataset written before the checksums (read only with ``legacy=True``)
+LEGACY_VERSION = 1
+#: attributes the writers set themselves (a caller's ``attrs`` cannot replace the seals)
+_SEALS = ("checksums", "checksum")
 DEFAULT_SHARD_ROWS = 10_000
 _SPARSE_CHUNK = 1 << 20
 HASHED_D = 2**64  # feature space of hashed (uint64) feature ids
@@ -51,6 +73,45 @@ HASHED_D = 2**64  # feature space of hashed (uint64) feature ids
 
 def _shard_bounds(n: int, shard_rows: int) -> np.ndarray:
     return np.append(np.arange(0, n, shard_rows, dtype=np.int64), np.int64(n))
+
+
+def shard_digest(*parts: np.ndarray) -> str:
+    """The checksum of one shard of one array: sha256 over the `array_checksum` (dtype, shape,
+    bytes) of each of its parts, in order."""
+    return hashlib.sha256("".join(array_checksum(p) for p in parts).encode()).hexdigest()
+
+
+def _row_sums(a: np.ndarray, bounds: np.ndarray) -> list[str]:
+    """One `shard_digest` a shard of an array of rows."""
+    return [shard_digest(a[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _csr_sums(offsets: np.ndarray, bounds: np.ndarray, *arrays: np.ndarray) -> list[str]:
+    """One `shard_digest` a shard of CSR-like arrays: the shard's slice of ``offsets`` (its
+    rows' starts and the end, absolute) and of each of ``arrays`` between them."""
+    out = []
+    for lo, hi in itertools.pairwise(bounds):
+        off = offsets[lo:hi + 1]
+        out.append(shard_digest(off, *(a[off[0]:off[-1]] for a in arrays)))
+    return out
+
+
+def attrs_checksum(attrs: dict[str, Any]) -> str:
+    """sha256 of the attributes' canonical JSON (sorted keys), ``checksum`` left out."""
+    body = {k: v for k, v in attrs.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def _sealed(attrs: dict[str, Any], sums: dict[str, list[str]],
+            extra: dict[str, Any] | None) -> dict[str, Any]:
+    """``attrs``, a caller's ``extra`` attributes (their own seals dropped: a converted
+    dataset's), the shard ``checksums`` and the attributes' ``checksum``."""
+    out = {**attrs, **{k: v for k, v in (extra or {}).items() if k not in _SEALS},
+           "checksums": sums}
+    out = json.loads(json.dumps(out))  # as a reader will load them
+    out["checksum"] = attrs_checksum(out)
+    return cast(dict[str, Any], out)
 
 
 def write_dataset(
@@ -106,13 +167,18 @@ def write_dataset(
     ids = _row_ids(ids, n)
 
     bounds = _shard_bounds(n, int(shard_rows))
+    sums = {"ids": _row_sums(ids, bounds)}
+    if y is not None:
+        sums["y"] = _row_sums(y, bounds)
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         nnz = None
         if not isinstance(X, SparseBlock):  # kind == "dense"
+            sums["X"] = _row_sums(X, bounds)
             g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)))
         else:
             indptr, indices, data = X.to_arrays()
+            sums["X"] = _csr_sums(indptr, bounds, indices, data)
             nnz = len(data)
             gx = g.create_group("X")
             gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,))
@@ -123,7 +189,7 @@ def write_dataset(
         if y is not None:
             g.create_array("y", data=y, chunks=(int(min(shard_rows, n)),))
         g.create_array("ids", data=ids, chunks=(int(min(shard_rows, n)),))
-        g.attrs.update(
+        g.attrs.update(_sealed(
             {
                 "format": FORMAT,
                 "version": VERSION,
@@ -134,9 +200,7 @@ def write_dataset(
                 "shard_rows": int(shard_rows),
                 "n_shards": int(len(bounds) - 1),
                 "classes": classes,
-                **(attrs or {}),
-            }
-        )
+            }, sums, attrs))
     return Dataset(path)
 
 
@@ -176,20 +240,31 @@ def write_pointsets(
     bounds = _shard_bounds(n, int(shard_rows))
     d = sets.d
     point_chunk = int(max(1, min(len(sets.values), (1 << 22) // (4 * d))))
+    coords = None if sets.coords is None else np.ascontiguousarray(sets.coords[:, :2],
+                                                                    dtype=np.float32)
+    sums = {"P": _csr_sums(np.asarray(sets.offsets, np.int64), bounds,
+                           np.asarray(sets.values, np.float32),
+                           *([] if coords is None else [coords])),
+            "ids": _row_sums(ids_arr, bounds)}
+    if codes is not None:
+        sums["y"] = _row_sums(codes, bounds)
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
         gp = g.create_group("P")
-        gp.create_array("values", data=sets.values, chunks=(point_chunk, d))
-        gp.create_array("offsets", data=sets.offsets, chunks=(int(min(shard_rows, n)) + 1,))
-        if sets.coords is not None:
-            gp.create_array("coords", data=sets.coords[:, :2], chunks=(point_chunk, 2))
+        gp.create_array("values", data=np.asarray(sets.values, np.float32),
+                        chunks=(point_chunk, d))
+        gp.create_array("offsets", data=np.asarray(sets.offsets, np.int64),
+                        chunks=(int(min(shard_rows, n)) + 1,))
+        if coords is not None:
+            gp.create_array("coords", data=coords, chunks=(point_chunk, 2))
         if codes is not None:
             g.create_array("y", data=codes, chunks=(int(min(shard_rows, n)),))
         g.create_array("ids", data=ids_arr, chunks=(int(min(shard_rows, n)),))
-        g.attrs.update({"format": FORMAT, "version": VERSION, "N": int(n), "d": int(d),
-                        "kind": "pointsets", "nnz": len(sets.values),
-                        "shard_rows": int(shard_rows), "n_shards": int(len(bounds) - 1),
-                        "classes": classes, **(attrs or {})})
+        g.attrs.update(_sealed({"format": FORMAT, "version": VERSION, "N": int(n),
+                                "d": int(d), "kind": "pointsets", "nnz": len(sets.values),
+                                "shard_rows": int(shard_rows),
+                                "n_shards": int(len(bounds) - 1), "classes": classes},
+                               sums, attrs))
     return Dataset(path)
 
 
@@ -216,7 +291,23 @@ def _row_ids(ids: ArrayLike | None, n: int) -> np.ndarray:
     if out.shape != (n,):
         raise InputError(f"ids has shape {out.shape}, but there are {n} rows; give one id per "
                          "row")
+    dup = repeated_id(out)
+    if dup is not None:
+        raise InputError(f"ids has duplicates: id {dup[0]} is on rows {dup[1]} and {dup[2]}; "
+                         "give each row its own id")
     return out
+
+
+def repeated_id(ids: np.ndarray) -> tuple[int, int, int] | None:
+    """``(id, first row, second row)`` of an id that two rows share, or None when all are
+    unique (the first repeat in id order)."""
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    same = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if len(same) == 0:
+        return None
+    i = int(same[0])
+    return int(ranked[i]), int(order[i]), int(order[i + 1])
 
 
 def write_dense_shards(
@@ -251,7 +342,11 @@ def write_dense_shards(
         ya = None
         if classes is not None:
             ya = g.create_array("y", shape=(n,), dtype=np.int32, chunks=(chunk,))
-        g.create_array("ids", data=np.arange(n, dtype=np.int64), chunks=(chunk,))
+        ids = np.arange(n, dtype=np.int64)
+        g.create_array("ids", data=ids, chunks=(chunk,))
+        sums: dict[str, list[str]] = {"X": [], "ids": _row_sums(ids, bounds)}
+        if ya is not None:
+            sums["y"] = []
         i = 0
         for X, y in shards:
             if i >= len(bounds) - 1:
@@ -261,6 +356,7 @@ def write_dense_shards(
             if X.shape != (hi - lo, d):
                 raise InputError(f"shard {i} has shape {X.shape}, expected ({hi - lo}, {d})")
             xa[lo:hi] = X
+            sums["X"].append(shard_digest(X))
             if ya is not None:
                 codes = np.asarray(y)
                 if codes.shape != (hi - lo,) or codes.dtype.kind not in "iu" or (
@@ -268,12 +364,15 @@ def write_dense_shards(
                     raise InputError(f"shard {i}: labels must be {hi - lo} integer codes in "
                                      f"[0, {len(classes or [])})")
                 ya[lo:hi] = codes.astype(np.int32)
+                sums["y"].append(shard_digest(codes.astype(np.int32)))
             i += 1
         if i != len(bounds) - 1:
             raise InputError(f"the shards hold {int(bounds[i])} rows, expected n={n}")
-        g.attrs.update({"format": FORMAT, "version": VERSION, "N": int(n), "d": int(d),
-                        "kind": "dense", "nnz": None, "shard_rows": int(shard_rows),
-                        "n_shards": int(len(bounds) - 1), "classes": classes, **(attrs or {})})
+        g.attrs.update(_sealed({"format": FORMAT, "version": VERSION, "N": int(n),
+                                "d": int(d), "kind": "dense", "nnz": None,
+                                "shard_rows": int(shard_rows),
+                                "n_shards": int(len(bounds) - 1), "classes": classes},
+                               sums, attrs))
     return Dataset(path)
 
 
@@ -303,6 +402,21 @@ def _check_attrs(attrs: dict[str, Any], path: Path) -> None:
                                 or not all(isinstance(c, str) for c in classes)):
         raise FormatError(f"{where}: classes must be a list of names or null; the dataset is "
                           "corrupted, re-ingest it")
+    if attrs.get("version") == LEGACY_VERSION:
+        return
+    sums = attrs.get("checksums")
+    rows = "P" if kind == "pointsets" else "X"
+    n_shards = attrs["n_shards"]
+    if (not isinstance(sums, dict) or not {rows, "ids"} <= set(sums) <= {rows, "ids", "y"}
+            or not all(isinstance(v, list) and len(v) == n_shards
+                       and all(isinstance(h, str) and _SHA256.fullmatch(h) for h in v)
+                       for v in sums.values())):
+        raise FormatError(f"{where}: checksums={str(sums)[:60]!r} is not {{{rows!r}, 'ids' "
+                          f"and, when labelled, 'y': {n_shards} sha256 digests each}}; the "
+                          "dataset is corrupted, re-ingest it")
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -315,11 +429,15 @@ class ShardInfo:
 class Dataset:
     """Read side of a dataset directory; nothing is loaded until asked for.
 
+    Every read checks the shards it touches against their checksums; ``legacy=True`` also
+    opens a dataset of format version 1, which has none (read unchecked, with a warning).
+
     Raises `FormatError` for a directory that is not an lshdist dataset or is corrupted.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, legacy: bool = False):
         self.path = Path(path)
+        self.legacy = legacy
         if not self.path.exists():
             raise InputError(f"dataset {str(self.path)!r} does not exist")
         meta = self.path / "zarr.json"
@@ -328,29 +446,47 @@ class Dataset:
                 f"{str(self.path)!r} is not a Zarr v3 group (no zarr.json); "
                 "create datasets with `lshdist ingest`"
             )
+        where = f"{str(self.path)!r}: zarr.json"
         try:
-            attrs = json.loads(meta.read_text()).get("attributes", {})
+            attrs = load_json(meta, where, "re-ingest the dataset", self.path)
+            attrs = attrs.get("attributes", {})
             if not isinstance(attrs, dict):
                 raise TypeError("its attributes are not a JSON object")
-        except (ValueError, OSError, AttributeError, TypeError) as exc:  # incl. JSON, UTF-8
-            raise FormatError(
-                f"{str(self.path)!r}: zarr.json is corrupted ({exc}); re-ingest the dataset"
-            ) from None
+        except (OSError, AttributeError, TypeError) as exc:
+            raise FormatError(f"{where} is corrupted ({exc}); re-ingest the dataset") from None
         if attrs.get("format") != FORMAT:
             raise FormatError(
                 f"{str(self.path)!r} is a Zarr group but not an lshdist dataset "
                 f"(format={attrs.get('format')!r}, expected {FORMAT!r}); "
                 "re-ingest it with `lshdist ingest`"
             )
-        if attrs.get("version") != VERSION:
+        version = attrs.get("version")
+        if version == LEGACY_VERSION and not legacy:
             raise FormatError(
-                f"{str(self.path)!r} has dataset format version {attrs.get('version')!r}; "
+                f"{str(self.path)!r} was written by an earlier lshdist (dataset format version "
+                f"{LEGACY_VERSION}, without checksums): its shards cannot be verified; convert it "
+                f"with `lshdist ingest {self.path!s} --out NEW` (read once, unchecked) or "
+                "ingest its source files again")
+        if version not in (VERSION, LEGACY_VERSION):
+            raise FormatError(
+                f"{str(self.path)!r} has dataset format version {version!r}; "
                 f"this lshdist reads version {VERSION}"
             )
+        if version == VERSION:
+            digest = attrs_checksum(attrs)
+            if attrs.get("checksum") != digest:
+                raise FormatError(
+                    f"{str(self.path)!r}: the attributes in zarr.json do not match their "
+                    f"checksum (expected {str(attrs.get('checksum'))[:12]}..., they give "
+                    f"{digest[:12]}...): edited or damaged; re-ingest the dataset")
+        else:
+            log.warning("dataset %s has format version %d (no checksums): read unchecked",
+                        self.path, LEGACY_VERSION)
         _check_attrs(attrs, self.path)
         self.attrs = attrs
+        self._sums: dict[str, list[str]] | None = attrs.get("checksums")
         try:
-            self._group = zarr.open_group(str(self.path), mode="r", zarr_format=3)
+            self._group = zarr.open_group(BoundedStore(self.path), mode="r", zarr_format=3)
             self._check_arrays()
         except FormatError:
             raise
@@ -410,12 +546,99 @@ class Dataset:
                 raise self._damaged(f"y is {y.dtype} {tuple(y.shape)}, expected integer ({n},)")
             if self.classes is None:
                 raise self._damaged("y is present but the attributes have no classes")
+        if self._sums is not None and ("y" in g) != ("y" in self._sums):
+            raise self._damaged("the labels y and their checksums do not go together (one is "
+                                "missing)")
+
+    def _check_shard(self, name: str, i: int, *parts: np.ndarray) -> None:
+        """Shard ``i`` of ``name`` (``X``, ``P``, ``ids``, ``y``) against its checksum."""
+        if self._sums is None:  # a legacy dataset
+            return
+        if shard_digest(*parts) != self._sums[name][i]:
+            raise self._damaged(f"{self._shard_name(i, name)} does not match its checksum: a "
+                                "chunk is damaged or missing")
+
+    def _covering(self, start: int, stop: int) -> tuple[int, int]:
+        """The shards ``i0 .. i1-1`` that hold rows ``start:stop`` (checked: in range)."""
+        if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))
+                and 0 <= start <= stop <= self.n):
+            raise InputError(f"rows {start}:{stop} out of range 0..{self.n}")
+        b = self.shard_bounds
+        if start == stop:
+            i = int(np.searchsorted(b, start, side="right")) - 1
+            return i, i
+        return (int(np.searchsorted(b, start, side="right")) - 1,
+                int(np.searchsorted(b, stop, side="left")))
+
+    def _offsets(self, name: str, lo: int, hi: int, total: int) -> np.ndarray:
+        """``name[lo:hi + 1]`` (CSR row starts), checked to rise within ``[0, total]``: the
+        entries read after them are bounded by what the attributes record."""
+        off = np.asarray(self._array(name)[lo:hi + 1], dtype=np.int64)
+        if len(off) != hi - lo + 1 or off[0] < 0 or off[-1] > total or np.any(np.diff(off) < 0):
+            raise self._damaged(f"{name} of rows {lo}:{hi} does not rise within [0, {total}]")
+        return off
+
+    def _csr_rows(self, start: int, stop: int, offsets: str, names: tuple[str, ...],
+                  check: str) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(offsets, arrays)`` of rows ``start:stop`` of a CSR-like layout (the array
+        ``offsets`` of row starts, the entries in the arrays ``names``), read shard by shard,
+        each checked against ``check``'s checksums; offsets rebased to 0."""
+        i0, i1 = self._covering(start, stop)
+        b = self.shard_bounds
+        lo, hi = (int(b[i0]), int(b[i1])) if i1 > i0 else (start, stop)
+        off = self._offsets(offsets, lo, hi, int(self.nnz or 0))
+        base = int(off[0])
+        sources = [self._array(a) for a in names]
+        arrays = [np.empty((int(off[-1]) - base, *a.shape[1:]), a.dtype) for a in sources]
+        for i in range(i0, i1):
+            s = off[int(b[i]) - lo:int(b[i + 1]) - lo + 1]
+            a, z = int(s[0]) - base, int(s[-1]) - base
+            with self._reading(self._shard_name(i, check)):
+                for src, dst in zip(sources, arrays):
+                    dst[a:z] = src[int(s[0]):int(s[-1])]
+            self._check_shard(check, i, s, *(dst[a:z] for dst in arrays))
+        s = off[start - lo:stop - lo + 1]
+        return s - s[0], [a[s[0] - base:s[-1] - base] for a in arrays]
+
+    def _dense_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a dense X, read shard by shard, each checked."""
+        i0, i1 = self._covering(start, stop)
+        b = self.shard_bounds
+        lo = int(b[i0])
+        X = np.empty((int(b[i1]) - lo if i1 > i0 else 0, self.d), np.float32)
+        src = self._array("X")
+        for i in range(i0, i1):
+            a, z = int(b[i]) - lo, int(b[i + 1]) - lo
+            with self._reading(self._shard_name(i, "X")):
+                X[a:z] = src[int(b[i]):int(b[i + 1])]
+            self._check_shard("X", i, X[a:z])
+        return X[start - lo:stop - lo] if i1 > i0 else X
+
+    def _shard_name(self, i: int, name: str) -> str:
+        b = self.shard_bounds
+        return f"shard {i} (rows {int(b[i])}:{int(b[i + 1])}) of {name}"
+
+    def _whole(self, name: str) -> np.ndarray:
+        """All of a per-row array (``ids``, ``y``), every shard checked."""
+        src = self._array(name)
+        b = self.shard_bounds
+        try:
+            a = np.asarray(src[:])  # one read (zarr pays per call: thousands of shards)
+        except Exception:  # find the shard that cannot be read, to name it
+            for i in range(self.n_shards):
+                with self._reading(self._shard_name(i, name)):
+                    src[int(b[i]):int(b[i + 1])]
+            raise
+        for i in range(self.n_shards):
+            self._check_shard(name, i, a[int(b[i]):int(b[i + 1])])
+        return a
 
     def verify(self) -> None:
         """Read everything, shard by shard, and check what the format promises.
 
-        Finite values; sparse: ``indptr`` rising from 0 to nnz, feature ids sorted and unique
-        within each row; labels within ``classes``.
+        Every shard against its checksums; finite values; sparse: ``indptr`` rising from 0 to
+        nnz, feature ids sorted and unique within each row; labels within ``classes``; ids
+        unique.
 
         Raises
         ------
@@ -429,21 +652,17 @@ class Dataset:
                     self.read_sets(shard.start, shard.stop)  # checks offsets and values
                     continue
                 if self.stored_kind == "dense":
-                    block = self.read_rows(shard.start, shard.stop)
-                    if not np.isfinite(cast(np.ndarray, block)).all():  # dense rows
+                    block = self._dense_rows(shard.start, shard.stop)
+                    if not np.isfinite(block).all():
                         raise self._damaged(f"{where} of X hold NaN or infinite values")
                     continue
-                indptr = np.asarray(self._array("X/indptr")[shard.start:shard.stop + 1])
-                if np.any(np.diff(indptr) < 0) or indptr[0] < 0 or indptr[-1] > self.nnz:
-                    raise self._damaged(f"X/indptr is not rising within [0, nnz] in {where}")
-                lo, hi = int(indptr[0]), int(indptr[-1])
-                indices = np.asarray(self._array("X/indices")[lo:hi])
-                data = np.asarray(self._array("X/data")[lo:hi])
+                indptr, (indices, data) = self._csr_rows(
+                    shard.start, shard.stop, "X/indptr", ("X/indices", "X/data"), "X")
                 if not np.isfinite(data).all():
                     raise self._damaged(f"{where} of X hold NaN or infinite values")
                 # strictly rising ids within a row: compare neighbours that share a row
                 rising = indices[1:] > indices[:-1]
-                starts = indptr[1:-1] - lo
+                starts = indptr[1:-1]
                 same_row = np.ones(len(rising), dtype=bool)
                 inner = starts[(starts > 0) & (starts < len(indices))]
                 same_row[inner - 1] = False
@@ -459,7 +678,10 @@ class Dataset:
                     raise self._damaged(f"X/indptr runs from {first} to {last}, expected 0 to "
                                         f"nnz={self.nnz}")
         self.labels()
-        self.ids()
+        dup = repeated_id(self.ids())
+        if dup is not None:
+            raise self._damaged(f"id {dup[0]} is on rows {dup[1]} and {dup[2]}: ids must be "
+                                "unique")
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -545,7 +767,7 @@ class Dataset:
         with self._reading("y"):
             if "y" not in self._group:
                 return None
-            y = np.asarray(self._array("y")[:])
+            y = self._whole("y")
         n_classes = len(self.classes or [])
         if len(y) and (y.min() < 0 or y.max() >= n_classes):
             raise self._damaged(f"label codes run from {y.min()} to {y.max()}, outside the "
@@ -554,7 +776,7 @@ class Dataset:
 
     def ids(self) -> np.ndarray:
         with self._reading("ids"):
-            return np.asarray(self._array("ids")[:], dtype=np.int64)
+            return np.asarray(self._whole("ids"), dtype=np.int64)
 
     def _refuse_sets(self) -> InputError:
         return InputError(
@@ -567,19 +789,13 @@ class Dataset:
         if self.stored_kind != "pointsets":
             raise InputError(f"dataset {str(self.path)!r} holds {self.stored_kind} vectors, "
                              "not sets of local features; ingest images with --features")
-        if not 0 <= start <= stop <= self.n:
-            raise InputError(f"rows {start}:{stop} out of range 0..{self.n}")
         with self._reading(f"sets {start}:{stop}"):
-            off = np.asarray(self._array("P/offsets")[start:stop + 1], dtype=np.int64)
-            lo, hi = int(off[0]), int(off[-1])
-            if lo < 0 or hi > (self.nnz or 0) or np.any(np.diff(off) < 0):
-                raise self._damaged(f"P/offsets of sets {start}:{stop} do not rise within "
-                                    f"[0, {self.nnz}]")
-            values = np.asarray(self._array("P/values")[lo:hi], dtype=np.float32)
-            coords = (np.asarray(self._array("P/coords")[lo:hi], dtype=np.float32)
-                      if self.has_coords else None)
+            names = ("P/values", "P/coords") if self.has_coords else ("P/values",)
+            off, arrays = self._csr_rows(start, stop, "P/offsets", names, "P")
+            values = np.asarray(arrays[0], dtype=np.float32)
+            coords = np.asarray(arrays[1], dtype=np.float32) if self.has_coords else None
         try:
-            return PointSets.from_arrays(values, off - lo, coords=coords)
+            return PointSets.from_arrays(values, off, coords=coords)
         except InputError as exc:
             raise self._damaged(f"sets {start}:{stop}: {exc}") from None
 
@@ -606,12 +822,10 @@ class Dataset:
             raise self._refuse_sets()
         with self._reading(f"rows {start}:{stop} of X"):
             if self.kind == "dense":
-                return np.ascontiguousarray(self._array("X")[start:stop], dtype=np.float32)
-            indptr = np.asarray(self._array("X/indptr")[start : stop + 1], dtype=np.int64)
-            lo, hi = int(indptr[0]), int(indptr[-1])
-            indices = np.asarray(self._array("X/indices")[lo:hi], dtype=np.uint64)
-            data = np.asarray(self._array("X/data")[lo:hi], dtype=np.float32)
-            return SparseBlock.from_arrays(indptr - lo, indices, data)
+                return self._dense_rows(start, stop)
+            indptr, (indices, data) = self._csr_rows(start, stop, "X/indptr",
+                                                     ("X/indices", "X/data"), "X")
+            return SparseBlock.from_arrays(indptr, indices, data)
 
     def read_row_set(self, rows: np.ndarray, *, threads: int = 1) -> Block:
         """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds
@@ -656,14 +870,19 @@ class Dataset:
 
         if self.kind == "pointsets":
             raise self._refuse_sets()
-        if self.kind == "dense":
-            # dask is partly annotated: from_zarr is not (an untyped call into a dependency)
-            return da.from_zarr(self._array("X"))  # type: ignore[no-untyped-call]
-        return [delayed(_read_shard)(str(self.path), i) for i in range(self.n_shards)]
+        shards = [delayed(_read_shard)(str(self.path), i, self.legacy)
+                  for i in range(self.n_shards)]
+        if self.kind == "dense":  # one chunk a shard, each read (and checked) alone
+            # dask.array is not annotated (untyped calls into a dependency)
+            return da.concatenate([  # type: ignore[no-untyped-call]
+                da.from_delayed(part, shape=(s.stop - s.start, self.d),  # type: ignore[no-untyped-call]
+                                dtype=np.float32)
+                for part, s in zip(shards, self.shards())])
+        return shards
 
 
-def _read_shard(path: str, i: int) -> Block:
-    return Dataset(path).read_shard(i)
+def _read_shard(path: str, i: int, legacy: bool = False) -> Block:
+    return Dataset(path, legacy=legacy).read_shard(i)
 
 
 def concat_sets(parts: list[PointSets], d: int) -> PointSets:

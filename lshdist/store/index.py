@@ -42,6 +42,8 @@ from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
+from lshdist.store.dataset import repeated_id
+from lshdist.store.files import BoundedStore, load_json
 from lshdist.store.model import array_checksum, zarr_array
 
 log = logging.getLogger(__name__)
@@ -270,7 +272,7 @@ def _read_group(path: Path, entry: dict[str, Any], manifest: dict[str, Any], whe
     """One stored segment group at ``path`` checked against ``entry`` (rows, permutations,
     checksum)."""
     try:
-        g = zarr.open_group(str(path), mode="r", zarr_format=3)
+        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
         kind, bits = g.attrs["payload"], g.attrs["bits"]
         pg = g["payload"]
         if not isinstance(pg, zarr.Group):
@@ -346,10 +348,7 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not f.is_file():
         raise FormatError(f"{str(path)!r} is not an lshdist index (no {MANIFEST}); "
                           "build one with `lshdist index`")
-    try:
-        meta = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{str(path)!r}: {MANIFEST} is corrupted ({exc}); {_REBUILD}") from None
+    meta = load_json(f, f"{str(path)!r}: {MANIFEST}", _REBUILD, path)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise FormatError(f"{str(path)!r} is not an lshdist index (format="
                           f"{meta.get('format') if isinstance(meta, dict) else None!r}, "
@@ -714,9 +713,29 @@ def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
         for entry in manifest["segments"]:
             read_group(index_dir, entry, manifest)
         return manifest
+    ids: list[np.ndarray] = []
     for entry in manifest["segments"]:
-        read_segment(index_dir, entry, manifest)
+        seg = read_segment(index_dir, entry, manifest)
+        ids += [p.ids_ for p in (seg.parts if isinstance(seg, PackedSegment) else [seg])]
+    _check_unique_ids(index_dir, manifest, ids)
     return manifest
+
+
+def _check_unique_ids(index_dir: str | os.PathLike[str], manifest: dict[str, Any],
+                      ids: list[np.ndarray]) -> None:
+    """Refuse an id that two rows of the index hold (``ids``: every segment's, in manifest
+    order; a packed segment's parts one after the other): an id names one row."""
+    everything = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    dup = repeated_id(everything)
+    if dup is None:
+        return
+    ends = np.cumsum([e["rows"] for e in manifest["segments"]])
+    names = [manifest["segments"][int(np.searchsorted(ends, r, side="right"))]["name"]
+             for r in dup[1:]]
+    where = (f"twice in segment {names[0]!r}" if names[0] == names[1]
+             else f"in segments {names[0]!r} and {names[1]!r}")
+    raise FormatError(f"index {str(index_dir)!r}: id {dup[0]} is {where}: an id names one row; "
+                      f"{_REBUILD}")
 
 
 def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.ndarray:
@@ -728,7 +747,8 @@ def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.
              else [path])
     try:
         ids = np.concatenate([
-            np.asarray(zarr_array(zarr.open_group(str(p), mode="r", zarr_format=3), "ids"),
+            np.asarray(zarr_array(zarr.open_group(BoundedStore(p), mode="r", zarr_format=3),
+                                  "ids"),
                        dtype=np.int64) for p in paths])
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"segment {name!r} of index {str(index_dir)!r} is unreadable "

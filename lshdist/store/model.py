@@ -22,6 +22,7 @@ from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.store.atomic import atomic_dir
+from lshdist.store.files import BoundedStore, load_json
 
 FORMAT = "lshdist-model"
 VERSION = 1
@@ -188,10 +189,7 @@ def read_model_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"model {str(path)!r} does not exist; create it with `lshdist learn`")
     if not f.is_file():
         raise FormatError(f"{str(path)!r} is not an lshdist model (no model.json)")
-    try:
-        meta = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{str(path)!r}: model.json is corrupted ({exc}); {_RELEARN}") from None
+    meta = load_json(f, f"{str(path)!r}: model.json", _RELEARN, path)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         fmt = meta.get("format") if isinstance(meta, dict) else None
         raise FormatError(f"{str(path)!r} is not an lshdist model (format={fmt!r})")
@@ -229,7 +227,7 @@ def load_model(path: str | os.PathLike[str]
     path = Path(path)
     meta = read_model_meta(path)
     try:
-        g = zarr.open_group(str(path / "arrays"), mode="r", zarr_format=3)
+        g = zarr.open_group(BoundedStore(path / "arrays"), mode="r", zarr_format=3)
         stored = _stored_arrays(g)
         arrays = {name: zarr_array(g, name) for name in meta["checksums"] if name in stored}
     except Exception as exc:

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir, atomic_write_text
+from lshdist.store.files import check_file, load_json
 
 FORMAT = "lshdist-results"
 VERSION = 1
@@ -149,12 +150,10 @@ def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
         raise InputError(f"results {str(root)!r} do not exist; run `lshdist query` first")
     f = root / MANIFEST
     try:
-        meta = json.loads(f.read_text())
+        meta = load_json(f, f"{str(root)!r}: {MANIFEST}", "run the query again", root)
     except FileNotFoundError:
         raise FormatError(f"{str(root)!r} is not an lshdist results directory (no {MANIFEST}); "
                           "run `lshdist query` to write one") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{str(root)!r}: {MANIFEST} is corrupted ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise FormatError(f"{str(root)!r} is not an lshdist results directory")
     if meta.get("version") != VERSION:
@@ -174,6 +173,8 @@ def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
 def _read_part(root: Path, name: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                         np.ndarray]:
     try:
+        for sub in ("neighbors", "stats"):  # no device or FIFO read without end
+            check_file(root / sub / name, root)
         t = pq.read_table(root / "neighbors" / name, schema=NEIGHBORS_SCHEMA)
         s = pq.read_table(root / "stats" / name, schema=STATS_SCHEMA)
     except (OSError, pa.ArrowInvalid) as exc:

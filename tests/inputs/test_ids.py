@@ -71,14 +71,20 @@ def test_bad_id_columns(tmp_path):
         read_inputs([tmp_path / "x.npy"], id_column="id")
 
 
-def test_duplicate_ids_in_an_npz_or_a_dataset(tmp_path):
+def test_duplicate_ids_in_an_npz_or_a_dataset(tmp_path, reseal):
     np.savez(tmp_path / "a.npz", X=np.ones((4, 2)), ids=np.array([10, 11, 12, 11]))
     with pytest.raises(
         InputError,
         match=r"a.npz:ids' has duplicate ids: id 11 is on rows 1 and 3; .*fix the 'ids' array",
     ):
         read_inputs([tmp_path / "a.npz"])
-    write_dataset(tmp_path / "ds", np.ones((3, 2)), ids=np.array([4, 4, 5]))
+    with pytest.raises(InputError, match="ids has duplicates: id 4 is on rows 0 and 1"):
+        write_dataset(tmp_path / "ds", np.ones((3, 2)), ids=np.array([4, 4, 5]))
+    write_dataset(tmp_path / "ds", np.ones((3, 2)), ids=np.array([4, 3, 5]))
+    import zarr
+
+    zarr.open_group(str(tmp_path / "ds"), mode="r+")["ids"][1] = 4
+    reseal(tmp_path / "ds")  # a sealed dataset with a repeated id
     with pytest.raises(InputError, match="has duplicate ids: id 4 is on rows 0 and 1"):
         read_inputs([tmp_path / "ds"])
 

@@ -165,7 +165,7 @@ def test_newer_format_version(dataset):
     meta["attributes"]["version"] = 99
     (dataset / "zarr.json").write_text(json.dumps(meta))
     with pytest.raises(
-        FormatError, match="dataset format version 99; this lshdist reads version 1"
+        FormatError, match="dataset format version 99; this lshdist reads version 2"
     ):
         Dataset(dataset)
 
@@ -183,7 +183,8 @@ def test_damaged_chunk_is_a_format_error(dataset):
     chunk.write_bytes(chunk.read_bytes()[:7])
     ds = Dataset(dataset)
     np.testing.assert_array_equal(ds.read_shard(0)[0], [0, 1])  # the intact shard still reads
-    with pytest.raises(FormatError, match=r"cannot read rows 10:20 of X .*corrupted, re-ingest it"):
+    with pytest.raises(FormatError,
+                       match=r"cannot read shard 1 \(rows 10:20\) of X .*corrupted, re-ingest it"):
         ds.read_shard(1)
 
 
@@ -208,8 +209,12 @@ def test_lazy_readers(tmp_path):
 
 
 def _set_attr(path: Path, **attrs) -> None:
+    """Edit attributes and re-seal them (a careful forger: only the range checks are left)."""
+    from lshdist.store.dataset import attrs_checksum
+
     meta = json.loads((path / "zarr.json").read_text())
     meta["attributes"].update(attrs)
+    meta["attributes"]["checksum"] = attrs_checksum(meta["attributes"])
     (path / "zarr.json").write_text(json.dumps(meta))
 
 
@@ -246,29 +251,34 @@ def test_sparse_shard_bounds_and_indptr_are_checked(tmp_path):
     indptr = g["X/indptr"][:]
     indptr[5] = indptr[6] + 1
     g["X/indptr"][:] = indptr
-    with pytest.raises(FormatError, match="X/indptr is not rising"):
+    with pytest.raises(FormatError, match=r"X/indptr of rows 0:8 does not rise within \[0, "):
         Dataset(path).verify()
 
 
-def test_verify_reads_everything(tmp_path):
+def test_verify_reads_everything(tmp_path, reseal):
+    """What the checksums cannot catch (a forger re-sealed the edit) the content checks do."""
     X = sp.csr_matrix(np.array([[0, 1, 2, 0], [3, 0, 0, 4]], np.float32))
     path = write_dataset(tmp_path / "s", X).path
     Dataset(path).verify()
     g = zarr.open_group(str(path), mode="r+")
     g["X/indices"][:] = np.array([2, 1, 0, 3], np.uint64)  # row 0 unsorted
+    reseal(path)
     with pytest.raises(FormatError, match="feature ids of rows 0:2 are not sorted and unique"):
         Dataset(path).verify()
     g["X/indices"][:] = np.array([1, 2, 0, 0], np.uint64)  # row 1 repeats an id
+    reseal(path)
     with pytest.raises(FormatError, match="not sorted and unique"):
         Dataset(path).verify()
     g["X/indices"][:] = np.array([1, 2, 0, 3], np.uint64)
     g["X/data"][:] = np.array([1, np.nan, 3, 4], np.float32)
+    reseal(path)
     with pytest.raises(FormatError, match="rows 0:2 of X hold NaN or infinite values"):
         Dataset(path).verify()
     dense = write_dataset(tmp_path / "d", np.ones((5, 2)), shard_rows=2).path
     Dataset(dense).verify()
     gd = zarr.open_group(str(dense), mode="r+")
     gd["X"][3, 1] = np.inf
+    reseal(dense)
     with pytest.raises(FormatError, match="rows 2:4 of X hold NaN"):
         Dataset(dense).verify()
 

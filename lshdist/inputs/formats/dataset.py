@@ -21,8 +21,9 @@ def sniff_dataset(probe: Probe) -> bool:
 
 
 def read_dataset(path: str | os.PathLike[str]) -> InputData:
-    """All rows, labels, ids and extra attributes of an lshdist dataset."""
-    ds = Dataset(path)
+    """All rows, labels, ids and extra attributes of an lshdist dataset (one of an earlier
+    format without checksums too: ingesting it is how it is converted)."""
+    ds = Dataset(path, legacy=True)
     X = ds.read_all()
     y = ds.labels()
     if y is not None and ds.classes is None:

@@ -1,0 +1,185 @@
+"""Bounded reads of the files of an artefact: manifests and Zarr chunks.
+
+A file read is a regular file (a device, FIFO or socket is refused: ``/dev/zero`` would be read
+without end), a symlink only when it resolves inside the artefact's directory, and never more
+bytes than it may hold: a manifest `MAX_JSON_BYTES`, a Zarr chunk what its array's metadata
+says a chunk holds (its shape times its item size) plus what a compressor may add.
+`BoundedStore` is the Zarr store every reader of the store modules opens its arrays through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.storage import LocalStore
+
+from lshdist.errors import FormatError
+
+#: a manifest (zarr.json, model.json, index.json, results.json) larger than this is refused
+MAX_JSON_BYTES = 64 * 2**20
+#: what a compressor may add to a chunk's raw bytes (blosc: 16-32 bytes, zstd: about 1/256 and
+#: a frame header, gzip: 5 bytes per 16 KiB block): a generous bound
+_CODEC_SLACK = 64 * 2**10
+
+
+def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None
+               ) -> os.stat_result:
+    """The `os.stat` of a regular file ``path``; a symlink must resolve inside ``root``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If it does not exist (the caller decides what a missing file means).
+    FormatError
+        For a device, FIFO, socket or directory, or a symlink leaving ``root``.
+    """
+    p = Path(path)
+    st = os.lstat(p)
+    if stat.S_ISLNK(st.st_mode):
+        target = p.resolve()
+        if root is not None and not target.is_relative_to(Path(root).resolve()):
+            raise FormatError(f"{str(p)!r} is a symlink to {str(target)!r}, outside "
+                              f"{str(root)!r}: an artefact's files stay inside it")
+        st = os.stat(p)
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{str(p)!r} is not a regular file (a device, FIFO, socket or "
+                          "directory): refused")
+    return st
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int,
+                 root: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (`check_file`), at most ``limit`` of them.
+
+    Raises
+    ------
+    FileNotFoundError
+        If it does not exist.
+    FormatError
+        If `check_file` refuses it, or it holds more than ``limit`` bytes.
+    """
+    st = check_file(path, root)
+    too_big = FormatError(f"{str(path)!r} holds {st.st_size:,} bytes or more, more than the "
+                          f"{limit:,} it may: refused (damaged or replaced)")
+    if st.st_size > limit:
+        raise too_big
+    # O_NONBLOCK: a FIFO swapped in after the check must not block the open
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FormatError(f"{str(path)!r} is not a regular file: refused")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise too_big
+    return data
+
+
+def load_json(path: str | os.PathLike[str], what: str, fix: str,
+              root: str | os.PathLike[str] | None = None, limit: int | None = None) -> Any:
+    """A small JSON file, bounded (`read_bounded`) and parsed.
+
+    Raises
+    ------
+    FileNotFoundError
+        If it does not exist.
+    FormatError
+        ``"{what} is corrupted (...); {fix}"`` for a file that is not a regular one, too large,
+        not UTF-8, not JSON, or nested too deeply for the parser.
+    """
+    try:
+        return json.loads(read_bounded(path, limit or MAX_JSON_BYTES, root).decode())
+    except FormatError as exc:
+        raise FormatError(f"{what} is corrupted ({exc}); {fix}") from None
+    except RecursionError:
+        raise FormatError(f"{what} is corrupted (JSON nested too deeply); {fix}") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise FormatError(f"{what} is corrupted ({exc}); {fix}") from None
+
+
+def _chunk_limit(meta: Any) -> int | None:
+    """The bytes one chunk of a Zarr v3 array may take on disk, from its metadata (None when it
+    does not say)."""
+    try:
+        shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        itemsize = int(np.dtype(meta["data_type"]).itemsize)
+        raw = math.prod(int(s) for s in shape) * itemsize
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return raw + raw // 8 + _CODEC_SLACK
+
+
+class BoundedStore(LocalStore):
+    """A read-only local Zarr store whose reads are bounded: metadata at `MAX_JSON_BYTES`, a
+    chunk at what its array's metadata says one holds (`_chunk_limit`); special files and
+    symlinks leaving ``root`` refused (`check_file`)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = True) -> None:
+        super().__init__(Path(root), read_only=True)
+        self._real_root = Path(root).resolve()
+        self._limits: dict[str, int | None] = {}
+
+    def with_read_only(self, read_only: bool = False) -> BoundedStore:
+        return BoundedStore(self.root)
+
+    def _limit(self, key: str) -> int | None:
+        if key == "zarr.json" or key.endswith("/zarr.json"):
+            return MAX_JSON_BYTES
+        if key.startswith("c/"):
+            array = ""
+        else:
+            array, sep, _ = key.rpartition("/c/")
+            if not sep:
+                return None
+        if array not in self._limits:
+            try:
+                meta = json.loads(read_bounded(self.root / array / "zarr.json", MAX_JSON_BYTES,
+                                               self._real_root))
+            except (OSError, ValueError, RecursionError):
+                meta = None
+            self._limits[array] = _chunk_limit(meta)
+        return self._limits[array]
+
+    def _read(self, key: str, prototype: BufferPrototype,
+              byte_range: ByteRequest | None) -> Buffer | None:
+        path = self.root / key
+        limit = self._limit(key)
+        try:
+            if limit is None:
+                limit = check_file(path, self._real_root).st_size
+            data = read_bounded(path, limit, self._real_root)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if isinstance(byte_range, RangeByteRequest):
+            data = data[byte_range.start:byte_range.end]
+        elif isinstance(byte_range, OffsetByteRequest):
+            data = data[byte_range.offset:]
+        elif isinstance(byte_range, SuffixByteRequest):
+            data = data[max(0, len(data) - byte_range.suffix):]
+        return prototype.buffer.from_bytes(data)
+
+    def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
+                 byte_range: ByteRequest | None = None) -> Buffer | None:
+        self._ensure_open_sync()
+        return self._read(key, prototype or default_buffer_prototype(), byte_range)
+
+    async def get(self, key: str, prototype: BufferPrototype | None = None,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        if not self._is_open:
+            await self._open()
+        return await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(),
+                                       byte_range)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]
+                                 ) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
