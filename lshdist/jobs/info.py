@@ -154,9 +154,11 @@ def directory_format(path: Path) -> str | None:
     for name in _MANIFESTS:
         manifest = path / name
         if manifest.is_file():
-            try:
-                meta = json.loads(manifest.read_text())
-            except (json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
+            from lshdist.store.files import load_json
+
+            try:  # bounded: a huge or deeply nested file is refused, not parsed
+                meta = load_json(manifest, f"{str(path)!r}: {name}", _REDO, path)
+            except OSError as exc:
                 raise FormatError(f"{str(path)!r}: {name} is corrupted ({exc}); {_REDO}") from None
             if not isinstance(meta, dict):
                 raise FormatError(
