@@ -295,8 +295,18 @@ def _dashboard(client: Any) -> str:
     port = services.get("dashboard")
     if port is None:
         return "not running"
-    host = client.scheduler.address.split("://", 1)[-1].rsplit(":", 1)[0]
-    return f"http://{host}:{port}/status"
+    try:  # the host the dashboard's server is bound to, asked of the scheduler
+        host = client.run_on_scheduler(_dashboard_host)
+    except Exception:  # a scheduler that refuses to run functions
+        host = client.scheduler.address.split("://", 1)[-1].rsplit(":", 1)[0]
+    every = host in ("", "0.0.0.0", "::")
+    return (f"http://{host or '0.0.0.0'}:{port}/status"
+            + (" (every address of the scheduler's machine)" if every else ""))
+
+
+def _dashboard_host(dask_scheduler: Any) -> str:
+    """On the scheduler: the address its dashboard's HTTP server is bound to."""
+    return str(getattr(dask_scheduler.http_server, "address", ""))
 
 
 def cluster_security(scheduler: str | None, *, ca_file: str | None = None,
@@ -383,6 +393,9 @@ def slurm_cluster(cfg: ClusterConfig) -> Any:
         kwargs = {k.replace("-", "_"): v for k, v in section.items() if v is not None}
         if "name" in kwargs:  # the config's `name` is the constructor's `job_name`
             kwargs["job_name"] = kwargs.pop("name")
+    from lshdist.cluster.slurm import slurm_kwargs
+
+    kwargs = slurm_kwargs(kwargs, cfg.jobqueue or "dask's jobqueue.slurm config")
     if cfg.tls_ca_file and cfg.tls_cert:
         from distributed import Security
 
@@ -407,14 +420,18 @@ def slurm_cluster(cfg: ClusterConfig) -> Any:
 
 @contextlib.contextmanager
 def slurm_client(cfg: ClusterConfig) -> Iterator[Client]:
-    """A client on ``cfg.workers`` SLURM worker jobs (`slurm_cluster`), kernels warmed."""
+    """A client on ``cfg.workers`` SLURM worker jobs (`slurm_cluster`), kernels warmed on
+    each as it joins; the job script tried first, the jobs watched until their workers join
+    (`lshdist.cluster.slurm`)."""
+    from lshdist.cluster.slurm import check_submission, start_workers
+
     cluster = slurm_cluster(cfg)
     try:
-        cluster.scale(n=cfg.workers)
+        check_submission(cluster, cfg.jobqueue or "dask's jobqueue.slurm config")
         address = cluster.scheduler_address
         with dask_client(address, workers=cfg.workers, timeout=cfg.connect_timeout,
                          stall=cfg.stall_timeout, security=cluster.security) as client:
-            client.wait_for_workers(1, timeout=cfg.stall_timeout)
+            start_workers(client, cluster, cfg.workers, timeout=cfg.stall_timeout)
             yield client
     finally:
         cluster.close()
