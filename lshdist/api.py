@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import scipy.sparse as sp
 
 from lshdist.config import (
     ClusterConfig,
@@ -261,12 +262,13 @@ class MetricIndex:
             For rows the metric cannot take (other width, sparse for a dense metric,
             NaN), ids of another length or repeated, bad parameters.
         """
-        from lshdist.blocks import n_rows
+        from lshdist.blocks import as_block, n_rows
         from lshdist.index.searcher import MetricIndex as Searcher
 
         X = local_rows(X)
         metric = _metric_of(self.metric, X)
-        n = n_rows(X)
+        B = as_block(X)  # a scipy matrix becomes a SparseBlock, a list an array
+        n = n_rows(B)
         if ids is not None:
             ids = np.asarray(local_rows(ids, name="ids"))
             if ids.shape != (n,) or (ids.size and ids.dtype.kind not in "iu"):
@@ -283,7 +285,7 @@ class MetricIndex:
             calibration_k=self.calibration_k, check_recall=self.check_recall,
             calibration_queries=None if cq is None else local_rows(cq,
                                                                    name="calibration_queries"))
-        self.index_ = searcher.fit(X, ids, n_threads=self._threads())
+        self.index_ = searcher.fit(B, ids, n_threads=self._threads())
         self.metric_ = metric
         self.n_samples_fit_ = n
         self.n_features_in_ = _width(X)
@@ -336,7 +338,9 @@ class MetricIndex:
                              f"{self.n_samples_fit_}")
         if mode not in ("auto", "hash", "scan"):
             raise InputError(f"mode={mode!r}; choose one of ['auto', 'hash', 'scan']")
-        dist, ids = index.query(local_rows(X), int(n_neighbors), mode=mode,
+        from lshdist.blocks import as_block
+
+        dist, ids = index.query(as_block(local_rows(X)), int(n_neighbors), mode=mode,
                                 n_threads=self._threads())
         return (dist, ids) if return_distance else ids
 
@@ -482,9 +486,8 @@ def ingest(inputs: Any, out: PathLike, *, labels: Any = None, ids: Any = None,
         raise InputError(f"ingest: {', '.join(given)} apply to input files, not to arrays; "
                          "drop them")
     X = local_rows(inputs)
-    from lshdist.blocks import n_rows, take_rows
-
-    n = n_rows(X)
+    X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+    n = X.shape[0]
     y = None if labels is None else np.asarray(local_rows(labels, name="labels"))
     row_ids = (np.arange(n, dtype=np.int64) if ids is None
                else np.asarray(local_rows(ids, name="ids"), np.int64)) + int(id_offset)
@@ -493,8 +496,7 @@ def ingest(inputs: Any, out: PathLike, *, labels: Any = None, ids: Any = None,
         if not 0 <= lo < hi <= n:
             raise InputError(f"rows=({lo}, {hi}) is outside the {n} rows; give (start, stop) "
                              f"with 0 <= start < stop <= {n}")
-        keep = np.arange(lo, hi)
-        X = take_rows(X, keep) if not isinstance(X, np.ndarray) else X[lo:hi]
+        X = X[lo:hi]
         y = None if y is None else y[lo:hi]
         row_ids = row_ids[lo:hi]
     ds = write_dataset(out, X, y, ids=row_ids, shard_rows=shards, overwrite=overwrite)
