@@ -35,6 +35,7 @@ import zarr
 from lshdist.errors import FormatError
 from lshdist.index.payload import DensePayload
 from lshdist.index.subspace import Group, Round
+from lshdist.store.files import BoundedStore
 from lshdist.store.model import array_checksum, zarr_array
 
 METHOD = "subspace"
@@ -103,7 +104,7 @@ def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     if not path.is_dir():
         raise FormatError(f"{where} is missing ({str(path)!r}); {fix}")
     try:
-        g = zarr.open_group(str(path), mode="r", zarr_format=3)
+        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
         arrays = {k: zarr_array(g, k) for k in _GROUP_ARRAYS}
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); {fix}") from None
@@ -158,7 +159,7 @@ def read_subspaces(index_dir: str | os.PathLike[str], manifest: dict[str, Any]
     path = Path(index_dir) / SUBSPACES
     where = f"the subspaces of index {str(index_dir)!r} ({str(path)!r})"
     try:
-        g = zarr.open_group(str(path), mode="r", zarr_format=3)
+        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
         arrays = {k: zarr_array(g, k) for k in ("bases", "center")}
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} are unreadable ({type(exc).__name__}: {exc}); "
