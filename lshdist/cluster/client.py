@@ -217,8 +217,10 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
                 "local cluster"
             ) from None
     else:
-        # Nanny options: worker processes only (threads talk in-process, no sockets)
-        extra = {"env": WORKER_ENV, "host": listen} if processes else {}
+        # Nanny options: worker processes only.  Threads talk in-process, but each worker
+        # still serves HTTP (/metrics, /health) -- on every address unless told where
+        extra = ({"env": WORKER_ENV, "host": listen} if processes
+                 else {"worker_dashboard_address": f"{listen}:0"})
         pre = worker_pre_spawn_env() if processes else {}
         # the Nanny writes its pre-spawn environment into this process's: restored after.
         # The housekeeping config reaches the workers through their Nanny (and applies to
