@@ -1,4 +1,5 @@
-"""Metric selection: validation, grid, fallback to the prior, learning from a sample."""
+"""Metric selection: folds, the paired test, grid, fallback to the prior, learning from a
+sample."""
 
 import logging
 
@@ -9,7 +10,14 @@ from lshdist.config import LearnConfig
 from lshdist.errors import InputError
 from lshdist.jobs.learn import learn
 from lshdist.metric.learned import ExplicitMetric
-from lshdist.metric.selection import sample_rows_stratified, stratified_split
+from lshdist.metric.selection import (
+    LEVEL,
+    MARGIN,
+    choose_setting,
+    paired_test,
+    sample_rows_stratified,
+    stratified_folds,
+)
 from lshdist.store.dataset import Dataset, write_dataset
 
 
@@ -28,20 +36,85 @@ def _no_signal(n=1200, d=8, seed=1):
     return rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, 4, size=n)
 
 
-def test_stratified_split_keeps_every_class_and_the_cap():
-    y = np.repeat(np.arange(5), [50, 30, 10, 5, 2])
-    tr, va = stratified_split(y, 0.2, seed=0)
-    assert set(np.unique(y[va])) == set(range(5)) and len(np.intersect1d(tr, va)) == 0
-    assert len(tr) + len(va) == len(y)
-    assert abs(len(va) - 0.2 * len(y)) <= 5
-    _, va2 = stratified_split(np.repeat(np.arange(2), 10_000), 0.2, seed=0)
-    assert len(va2) <= 2000
+def test_stratified_folds_hold_every_row_out_once_and_keep_the_cap():
+    y = np.repeat(np.arange(6), [50, 30, 10, 5, 2, 1])
+    folds = stratified_folds(y, 5, seed=0)
+    held = np.concatenate(folds)
+    assert len(folds) == 5 and len(np.unique(held)) == len(held)  # disjoint
+    assert sorted(held) == list(range(97))  # every row of a class of two or more, once
+    for f in folds:
+        assert list(f) == sorted(f)
+        rest = np.setdiff1d(np.arange(len(y)), f)
+        assert set(np.unique(y[rest])) >= set(range(5))  # no fold holds a whole class
+        assert abs(len(f) - 97 / 5) <= 3  # balanced
+    # within one row of each class: fold sizes per class differ by at most one
+    for c in range(5):
+        sizes = [int(np.sum(y[f] == c)) for f in folds]
+        assert max(sizes) - min(sizes) <= 1, (c, sizes)
+    capped = stratified_folds(np.repeat(np.arange(2), [30_000, 10_000]), 5, seed=0, cap=8_000)
+    allc = np.concatenate(capped)
+    assert len(allc) == 8_000 and np.sum(allc >= 30_000) == 2_000  # in proportion
+    assert [len(f) for f in stratified_folds(np.array([0, 0, 1, 1]), 5, seed=0)] == [1] * 4
+    assert stratified_folds(np.arange(10), 5, seed=0) == []  # every class once: none held out
+    with pytest.raises(InputError, match="1 folds: need at least 2"):
+        stratified_folds(y, 1, seed=0)
+
+
+def test_the_margin_is_half_a_point_of_the_held_out_rows():
+    """A gain the sign test finds certain (p ~ 1e-6) but below half a point is refused; half a
+    point is kept.  Bug caught: a smaller margin (0.0005 keeps the first case)."""
+    rows = 20_000
+
+    def vectors(b, c):  # b rows only the learned metric gets right, c only the prior
+        learned = np.zeros(rows, bool)
+        prior = np.zeros(rows, bool)
+        learned[:b] = True
+        prior[b:b + c] = True
+        learned[b + c:b + c + rows // 2] = prior[b + c:b + c + rows // 2] = True
+        return learned, prior
+
+    t = paired_test(*vectors(150, 70))  # +0.40 point
+    assert t.p_value < 1e-6 and not t.keep and abs(t.gain - 0.004) < 1e-12
+    assert paired_test(*vectors(170, 70)).keep  # +0.50 point
+    assert not paired_test(*vectors(169, 70)).keep  # one row short
+    assert MARGIN == 0.005
+
+
+def test_the_level_is_an_exact_one_sided_sign_test_at_2_5_percent():
+    """60 of 100 disagreements for the learned metric: p = 0.028, refused; 61: p = 0.018, kept
+    (the margin, 5 of 1,000 rows, holds in both).  Bugs caught: a looser level (0.05 keeps the
+    first), a normal approximation or a two-sided p-value (other numbers)."""
+    def test(b, c, rows=1_000):
+        learned, prior = np.zeros(rows, bool), np.zeros(rows, bool)
+        learned[:b] = True
+        prior[b:b + c] = True
+        return paired_test(learned, prior)
+
+    assert abs(test(60, 40).p_value - 0.028443966820490395) < 1e-12
+    assert abs(test(61, 39).p_value - 0.017600100108852417) < 1e-12
+    assert not test(60, 40).keep and test(61, 39).keep
+    assert LEVEL == 0.025
+    assert not test(0, 0).keep and test(0, 0).p_value == 1.0  # no disagreement: no evidence
+
+
+def test_a_later_grid_setting_must_win_by_the_margin():
+    """Grid order: the first setting is kept until a later one gets MARGIN of the rows more
+    right than the one kept so far.  Bugs caught: a later setting winning by any gain (1, not
+    0, in the first case), ties going to the later one (1 in the second), the margin measured
+    against the first setting instead of the one kept (2 in the third)."""
+    rows = 1_000  # margin: 5 rows
+    assert choose_setting([900, 904, 903], rows) == 0
+    assert choose_setting([900, 900, 899], rows) == 0
+    assert choose_setting([900, 906, 909], rows) == 1
+    assert choose_setting([900, 905, 910, 914], rows) == 2
+    assert choose_setting([900, 906, 904, 911, 916], rows) == 4
+    assert choose_setting([870], rows) == 0
 
 
 def test_a_metric_that_helps_is_learned(tmp_path, caplog):
     X, y = _signal_in_one_feature()
     ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
-    metric, params, _ = learn(ds, LearnConfig(constraints=2000, budget=60))
+    metric, params, _ = learn(ds, LearnConfig(constraints=2000, budget=60, max_iter=300))
     sel = params["selection"]
     assert params["selected"] == "learned" and not isinstance(metric, type(None))
     assert sel["learned_accuracy"]["1"] >= sel["prior_accuracy"]["1"] + 0.1
@@ -61,15 +134,28 @@ def test_no_signal_keeps_the_prior_with_a_warning(tmp_path, caplog):
     assert p2["selected"] == "learned" and not forced.is_identity
 
 
-def test_same_seed_same_selection(tmp_path):
+def test_same_seed_same_selection_in_grid_order(tmp_path):
+    """The same seed gives the same trials, choice and metric; the choice follows grid order
+    (a later setting replaces the one kept only by MARGIN of the ranking rows).  Here a later
+    setting is better by less than the margin, so that the rule "any gain wins" picks another
+    one (checked first: the test would prove nothing otherwise)."""
     X, y = _signal_in_one_feature(seed=4)
     ds = write_dataset(tmp_path / "d", X, y, shard_rows=300)
-    cfg = LearnConfig(constraints=1000, budget=1e6, seed=7)
+    cfg = LearnConfig(constraints=1000, budget=1e6, seed=1)
     (m1, p1, _), (m2, p2, _) = learn(ds, cfg), learn(ds, cfg)
     strip = lambda s: [(t["name"], t["accuracy"]) for t in s["trials"]]  # noqa: E731
     assert strip(p1["selection"]) == strip(p2["selection"])
     assert p1["selection"]["setting"] == p2["selection"]["setting"]
     assert np.array_equal(m1.A, m2.A)
+    sel = p1["selection"]
+    rows = sel["ranking_rows"]
+    right = [round(t["accuracy"]["1"] * rows) for t in sel["trials"]]
+    kept = any_gain = 0
+    for i, n in enumerate(right):
+        kept = i if n - right[kept] >= MARGIN * rows else kept
+        any_gain = i if n > right[any_gain] else any_gain
+    assert kept != any_gain, right  # the data tells the two rules apart
+    assert sel["setting"] == sel["trials"][kept]["name"]
 
 
 def test_grid_fitted_concurrently_makes_the_serial_choice(tmp_path):
@@ -114,9 +200,10 @@ def test_the_shared_neighbour_table_changes_no_trial(tmp_path, monkeypatch):
     assert strip(p1["selection"]) == strip(p2["selection"])
     assert p1["selection"]["setting"] == p2["selection"]["setting"]
     assert np.array_equal(m1.A, m2.A)
-    # with the table: its one search and the final fit's on all rows; without: one for each
-    # of the six settings drawing neighbours, and the final fit's
-    assert len(with_table) == 2 and len(calls) == 7
+    # with the table: its one search, the decision's fits' (on other rows) and the final fit's
+    # on all rows; without: one for each of the six settings drawing neighbours, and the same
+    folds = len(p1["selection"]["fold_fits"])
+    assert folds == 4 and len(with_table) == 2 + folds and len(calls) == 7 + folds
 
 
 def test_concurrent_grid_fits_hold_blas_to_one_thread(tmp_path, monkeypatch):
@@ -179,8 +266,10 @@ def test_learn_reads_a_sample_shard_by_shard_never_the_whole_dataset(tmp_path, m
     _metric, params, _ = learn(Dataset(tmp_path / "d"), LearnConfig(constraints=1000, sample=900,
                                                                    no_search=True))
     assert params["sample_rows"] == len(sample_rows_stratified(y, 900, 0)) <= 910
-    assert params["selection"]["n_train"] + params["selection"]["n_validation"] == \
-        params["sample_rows"]
+    sel = params["selection"]
+    # one setting (no search): every sampled row is held out once and decides
+    assert sel["n_validation"] == params["sample_rows"] and sel["folds"] == 5
+    assert sel["n_train"] == params["sample_rows"] - sel["ranking_rows"]
     assert sum(reads) == 3000  # every shard read once (labels are stratified over all rows)
 
 
