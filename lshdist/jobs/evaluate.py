@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import replace
 from typing import Any
 
 from lshdist.config import IndexConfig, LearnConfig, add_options, from_args
@@ -36,9 +35,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, default=1,
                    help="threads of the one-process search (default 1)")
     p.add_argument("--sweep-bits", type=int_list, default=[16, 32, 64, 128, 256], metavar="B,..",
-                   help="b values of the accuracy/%%searched plot (default 16,32,64,128,256)")
-    p.add_argument("--sweep-window", type=int_list, default=[1, 2, 4, 8, 16], metavar="W,..",
-                   help="W values of the recall/%%searched plot (default 1,2,4,8,16)")
+                   help="b values of the accuracy/cost plot, each calibrated for the target "
+                        "(default 16,32,64,128,256)")
     p.add_argument("--no-plots", action="store_true", help="skip the sweeps and plots")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing evaluation at DIR (only an lshdist evaluation)")
@@ -50,10 +48,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from lshdist.embed.dataset import open_data
-    from lshdist.evaluation import HashSettings, baseline_metric, evaluate, sweep
-    from lshdist.plots import plot_bits, plot_recall
+    from lshdist.evaluation import HashSettings, baseline_metric, evaluate
+    from lshdist.plots import write_plots
     from lshdist.store.dataset import Dataset
     from lshdist.store.model import load_model
+    from lshdist.tradeoff import measure_tradeoff
 
     index_cfg, learn_cfg = from_args(IndexConfig, args), from_args(LearnConfig, args)
     check_output(args.out, args.overwrite, kind=KIND, inputs=(args.train, args.test, args.model))
@@ -93,21 +92,13 @@ def run(args: argparse.Namespace) -> int:
         (tmp / "summary.json").write_text(json.dumps(records, indent=2))
         (tmp / "learning.json").write_text(json.dumps(learn_info, indent=2, default=str))
         if not args.no_plots:
-            rk = args.recall_k or 10
-            # the sweeps vary one parameter around the learned metric's calibrated point
-            mlh = next(r for r in records if r["setting"] == "ML-hash")
-            settings = replace(settings, target_recall=None, epsilon=None,
-                               n_permutations=mlh["permutations"], window=mlh["window"],
-                               hamming_keep=mlh["hamming_keep"])
-            bits = sweep(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml,
-                         param="bits", values=args.sweep_bits, settings=settings, k=min(args.k),
-                         recall_k=rk, n_classes=n_classes)
-            wins = sweep(X_train, y_train, X_test, y_test, l2_metric=l2, ml_metric=ml,
-                         param="window", values=args.sweep_window, settings=settings,
-                         k=min(args.k), recall_k=rk, n_classes=n_classes)
-            (tmp / "sweeps.json").write_text(json.dumps(bits + wins, indent=2))
-            plot_bits(bits, records, tmp / "accuracy_vs_bits.png")
-            plot_recall(wins, tmp / "recall_vs_searched.png")
+            data = measure_tradeoff(  # the trade-off curves and the b sweep, measured
+                X_train, y_train, X_test, y_test, metrics=(("L2", l2, False), ("ML", ml, True)),
+                bits=settings.bits, bits_values=args.sweep_bits, k=min(args.k),
+                target=settings.target_recall or 0.9, recall_k=args.recall_k or 10,
+                seed=settings.seed, n_classes=n_classes, n_threads=args.threads)
+            (tmp / "tradeoff.json").write_text(json.dumps(data, indent=2))
+            write_plots(data, tmp)
     _print_table(records)
     print(validation_line(learn_info))
     return 0

@@ -215,11 +215,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH", help="a dataset, model or index directory")
     p.add_argument("--json", action="store_true",
                    help="print JSON instead of aligned text (default: text)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="an index: draw its calibration curve (recall against cost) into FILE")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     info = describe(args.path)
+    if args.plot:
+        from lshdist.plots import plot_index
+
+        plot_index(args.path, args.plot)
     print(json.dumps(info, indent=2) if args.json else _text(info))
     return 0

@@ -261,26 +261,32 @@ def _print_report(cfg: RunConfig, train: Dataset, test: Dataset, ks: list[int],
 
 
 def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Path) -> None:
-    """The evaluation plots (accuracy / % searched vs b, recall vs % searched), one process."""
+    """The trade-off plots (`lshdist.plots.write_plots`: recall against cost, accuracy and
+    cost against b), measured in one process, and the calibration curve of the run's index
+    (``calibration.png``)."""
     from lshdist.embed.dataset import open_data
-    from lshdist.evaluation import HashSettings, baseline_metric, sweep
-    from lshdist.plots import plot_bits, plot_recall
+    from lshdist.evaluation import baseline_metric
+    from lshdist.index.calibrate import Calibration
+    from lshdist.plots import plot_calibration, save, write_plots
+    from lshdist.store.index import read_manifest
     from lshdist.store.model import load_model
+    from lshdist.tradeoff import measure_tradeoff
 
     ml, _ = load_model(model)
     Xtr = open_data(train.path, ml.embedding).read_all()
     Xte = open_data(test.path, ml.embedding).read_all()
     l2 = baseline_metric(ml, Xtr)
-    ic = cfg.index
-    op = q_point(work / "index")  # the sweeps vary one parameter around the index's point
-    s = HashSettings(bits=ic.bits, n_permutations=op["permutations"], window=op["window"],
-                     hamming_keep=op["hamming_keep"], seed=ic.seed)
     ytr, yte = train.labels(), test.labels()
     assert ytr is not None and yte is not None  # `run` refuses unlabelled data before this
-    common: dict[str, Any] = dict(l2_metric=l2, ml_metric=ml, settings=s,
-                                  k=min(cfg.evaluate.ks), recall_k=cfg.evaluate.recall_k,
-                                  n_classes=len(train.classes or []))
-    bits = sweep(Xtr, ytr, Xte, yte, param="bits", values=[16, 32, 64, 128, 256], **common)
-    wins = sweep(Xtr, ytr, Xte, yte, param="window", values=[1, 2, 4, 8, 16], **common)
-    plot_bits(bits, [], work / "accuracy_vs_bits.png")
-    plot_recall(wins, work / "recall_vs_searched.png")
+    data = measure_tradeoff(Xtr, ytr, Xte, yte, metrics=(("L2", l2, False), ("ML", ml, True)),
+                            bits=cfg.index.bits, bits_values=[16, 32, 64, 128, 256],
+                            target=cfg.index.target_recall, k=min(cfg.evaluate.ks),
+                            recall_k=cfg.evaluate.recall_k, seed=cfg.index.seed,
+                            n_classes=len(train.classes or []))
+    data["name"] = cfg.name
+    atomic_write_text(work / "tradeoff.json", json.dumps(data, indent=2))
+    write_plots(data, work)
+    cal = read_manifest(work / "index").get("calibration")
+    if cal is not None:
+        save(plot_calibration(Calibration.from_json(cal), name=f"{cfg.name} index"),
+             work / "calibration.png")

@@ -14,8 +14,7 @@ def test_evaluate_writes_summary_and_plots(tmp_path, capsys):
                  "--out", str(out), "--constraints", "1000", "--bits", "64",
                  "--no-search", "--force-learned",  # the thresholds are of this learned metric
                  "--permutations", "20", "--window", "4", "--hamming-keep", "0",
-                 "--sweep-bits", "16,64",
-                 "--sweep-window", "1,4"]) == 0
+                 "--sweep-bits", "16,64"]) == 0
     records = json.loads((out / "summary.json").read_text())
     assert {(r["setting"], r["k"]) for r in records} == {
         (s_, k) for s_ in ("L2-scan", "L2-hash", "ML-scan", "ML-hash") for k in (1, 4)}
@@ -47,7 +46,7 @@ def test_evaluate_writes_summary_and_plots(tmp_path, capsys):
     for s_ in ("L2-hash", "ML-hash"):
         # 2 M W / N allows 0.107; the windows overlap to ~0.08 distinct rows (measured above)
         assert got[(s_, 1)]["fraction_searched"] >= 0.06
-    for png in ("accuracy_vs_bits.png", "recall_vs_searched.png"):
+    for png in ("cost_vs_bits.png", "recall_vs_cost.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "ML-hash" in capsys.readouterr().out
     assert main(["evaluate", "--train", str(tmp_path / "tr"), "--test", str(tmp_path / "tr"),

@@ -27,7 +27,7 @@ def test_run_digits_config_end_to_end(tmp_path, capsys):
         assert search["recall_at_k"] >= 0.85 and search["fraction_searched"] < 0.3
     else:  # the scan was judged no slower: then it is the exact answer
         assert search["recall_at_k"] == 1.0
-    for f in ("accuracy_vs_bits.png", "recall_vs_searched.png", "results-search",
+    for f in ("cost_vs_bits.png", "recall_vs_cost.png", "calibration.png", "results-search",
               "results-scan"):
         assert (tmp_path / "work" / f).exists(), f
 
