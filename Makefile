@@ -9,7 +9,7 @@ export LSHDIST_DATA_DIR ?= $(SHARED_DATA)
 endif
 DEMO := out/demo
 
-.PHONY: test lint types test-slow demo bench docs clean
+.PHONY: test lint types test-slow test-slurm demo bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ types: $(VENV)/.test
 ## the tests marked slow, cluster or drills (CI runs them after `make test`)
 test-slow: $(VENV)/.test
 	$(BIN)/pytest -m "slow or cluster or drills"
+
+## the tests marked slurm: a one-node SLURM (deploy/slurm/local-cluster.sh, as root) and real
+## submissions to it; a SLURM that cannot be brought up fails the run instead of skipping
+test-slurm: $(VENV)/.test
+	LSHDIST_REQUIRE_SLURM=1 $(BIN)/pytest -m slurm tests/deploy
 
 ## ingest the real datasets and evaluate the learned metric + hashing on them
 demo: $(VENV)/.test
