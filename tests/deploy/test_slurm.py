@@ -420,3 +420,38 @@ def test_driver_sbatch_build_index_and_bulk_query(slurm, letter_job, tmp_path):
         print(f"\nsbatch --wait driver.sbatch {job}: {time.perf_counter() - t0:.1f}s")
         assert "2 SLURM workers joined" in text, text[-3000:]
     assert (_neighbours(work / "results") == _neighbours(letter_job / "results-local")).all()
+
+
+@pytest.fixture
+def closed_partition(slurm):
+    """A partition that is down: jobs sent there pend (PartitionDown) for ever."""
+    subprocess.run(["scontrol", "create", "PartitionName=closed", "Nodes=localhost",
+                    "State=DOWN"], check=True, timeout=30)
+    yield "closed"
+    subprocess.run(["scontrol", "delete", "PartitionName=closed"], check=True, timeout=30)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", ["pending", "ended"])
+def test_worker_jobs_that_cannot_join_fail_fast(slurm, letter_job, tmp_path, request, case):
+    """A job held pending for a reason waiting does not clear, and a job that ends before its
+    worker joins (its prologue fails): exit 2 in seconds, naming the reason or the output."""
+    if case == "pending":
+        jq = _jobqueue(tmp_path, queue=request.getfixturevalue("closed_partition"))
+        expected = r"worker job \d+ cannot start: SLURM holds it pending \(PartitionDown\)"
+    else:
+        raw = yaml.safe_load((SLURM / "jobqueue.yaml").read_text())["jobqueue"]["slurm"]
+        jq = _jobqueue(tmp_path, job_script_prologue=[*raw["job-script-prologue"], "exit 3"])
+        expected = r"worker job \d+ ended \(FAILED\) before its Dask worker joined; see its " \
+                   r"output, \S+slurm-\d+\.out"
+    t0 = time.perf_counter()
+    r = _lshdist("query", "--index", "index-local", "--queries", "queries", "--out",
+                 tmp_path / "results", "--cluster", "slurm", "--jobqueue", jq, "--workers", 2,
+                 "--stall-timeout", 240, cwd=letter_job, timeout=120)
+    took = time.perf_counter() - t0
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(expected, r.stderr), r.stderr[-2000:]
+    assert took < 60 and "Traceback" not in r.stderr
+    mine = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                          timeout=30).stdout
+    assert not mine.strip(), f"worker jobs left behind: {mine}"
