@@ -1,8 +1,10 @@
 """Hyperplane-query hashing (Jain, Vijayanarasimhan & Grauman, NIPS 2010) and its re-rank.
 
-EH-Hash bit ``b`` of a row x is ``[x^T U_b x >= 0]`` with ``U_b[i, j]`` a counter-based standard
-normal of ``(seed, b, pair_key(f_i, f_j))``: generated only for the pairs of features a row has,
-so no d x d matrix exists for sparse data, and every worker draws the same U.
+EH-Hash bit ``b`` of a row x is ``[x^T U_b x >= 0]`` with U_b's entries counter-based Gaussians
+of ``(seed, b, pair_key(f_i, f_j))`` (`lshdist._kernels.ehhash`): generated only for the pairs of
+features a row has, so no d x d matrix exists for sparse data, and every worker draws the same
+U.  Here: the pair key, the sampled query embedding of Lemma 3.4, the margin re-rank and the
+angle scores.
 """
 
 import numpy as np
@@ -12,7 +14,6 @@ from lshdist._kernels.hashing import (
     _GOLDEN,
     _S11,
     _TWO53,
-    add_gaussians,
     popcount64,
     splitmix64,
 )
@@ -21,28 +22,8 @@ from lshdist._kernels.search import _topk, scatter_query, sparse_dot
 
 @njit(cache=True, nogil=True)
 def pair_key(fi, fj):
-    """The counter of entry (i, j) of U: ordered (U need not be symmetric), uint64."""
+    """The counter of the feature pair (fi, fj), ordered; EH-Hash keys ``fi <= fj``: uint64."""
     return splitmix64(splitmix64(fi) + fj * _GOLDEN)
-
-
-@njit(cache=True, nogil=True)
-def eh_project_csr(indptr, indices, data, seed, bits):
-    """``x^T U_b x`` for every CSR row and bit: float64 (n, bits).
-
-    indptr int64 (n+1,); indices uint64 (nnz,) feature ids; data float (nnz,).
-    O(nnz_row^2 * bits) per row: every ordered pair of the row's nonzeros.
-    """
-    n = indptr.shape[0] - 1
-    out = np.zeros((n, bits))
-    s = splitmix64(np.uint64(seed))
-    for r in range(n):
-        for p in range(indptr[r], indptr[r + 1]):
-            xp = np.float64(data[p])
-            fp = indices[p]
-            for q in range(indptr[r], indptr[r + 1]):
-                add_gaussians(out, r, s, pair_key(fp, indices[q]), xp * np.float64(data[q]),
-                               bits)
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -91,20 +72,6 @@ def eh_sample_pairs(indptr, indices, data, t, row_seeds):
             fj[r, s] = indices[lo + b]
             wt[r, s] = scale / (np.float64(data[lo + a]) * np.float64(data[lo + b]))
     return fi, fj, wt
-
-
-@njit(cache=True, nogil=True)
-def eh_project_pairs(fi, fj, wt, seed, bits):
-    """``u_b^T v~ = sum_s wt[r, s] U_b[fi[r, s], fj[r, s]]``: float64 (n, bits).  O(t bits)
-    per row, whatever the row's length."""
-    n, t = wt.shape
-    out = np.zeros((n, bits))
-    s = splitmix64(np.uint64(seed))
-    for r in range(n):
-        for j in range(t):
-            if wt[r, j] != 0.0:
-                add_gaussians(out, r, s, pair_key(fi[r, j], fj[r, j]), wt[r, j], bits)
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -171,17 +138,6 @@ def rerank_margin_sparse(offsets, rows, indptr, local, data, n_features, qindptr
         scatter_query(qdense, qindptr, qlocal, qdata, q, True)
         _topk(dist, r, k, out_d, out_r, q, tiebreak)
     return out_d, out_r
-
-
-@njit(cache=True, nogil=True)
-def pair_keys_grid(features):
-    """``pair_key(features[i], features[j])`` for all i, j: uint64 (f * f,), row-major."""
-    f = features.shape[0]
-    out = np.empty(f * f, dtype=np.uint64)
-    for i in range(f):
-        for j in range(f):
-            out[i * f + j] = pair_key(features[i], features[j])
-    return out
 
 
 #: key bits 2j + 1 (H-Hash's v_j): bit 63 - (2j + 1) % 64 of a word, the even word bits
