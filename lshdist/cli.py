@@ -20,7 +20,7 @@ from typing import NoReturn
 from lshdist import __version__
 from lshdist.errors import LshdistError
 from lshdist.limits import keep_freed_memory
-from lshdist.store.atomic import is_write_error, os_error
+from lshdist.store.atomic import describe_os_error
 
 #: subcommand modules, in the order `lshdist --help` lists them
 JOBS = ["ingest", "info", "verify", "gc", "learn", "evaluate", "index", "query", "compact",
@@ -84,22 +84,48 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     keep_freed_memory()
-    return guarded(f"lshdist {args.job}", lambda: args.func(args))
+    return guarded(f"lshdist {args.job}", lambda: args.func(local_paths(args)))
+
+
+#: options whose value is an address or a label, never a path
+_NOT_PATHS = {"scheduler", "listen", "batch", "job"}
+
+
+def local_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """Every path argument of a job checked before the job starts: ``file://`` URLs become
+    paths, other URLs (``s3://``...) are refused (`lshdist.store.files.local_path`)."""
+    from lshdist.store.files import local_path
+
+    def one(value: str) -> str:
+        path = local_path(value)
+        return str(path) if str(path) != value and "://" in value else value
+
+    for dest, value in vars(args).items():
+        if dest in _NOT_PATHS:
+            continue
+        if isinstance(value, str):
+            setattr(args, dest, one(value))
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            setattr(args, dest, [one(v) for v in value])
+    return args
 
 
 def guarded(name: str, call: Callable[[], int | None]) -> int:
     """Run a job; its exit code: 0 done, 2 bad input (a one-line message on stderr, no
-    traceback: `LshdistError`, an unwritable output), 130 interrupted.  Anything else is a bug
-    and keeps its traceback (exit 1)."""
+    traceback: `LshdistError`, an OS error such as a full disk or a file size limit -- its
+    traceback logged at debug level, ``-v``), 130 interrupted.  Anything else is a bug and
+    keeps its traceback (exit 1)."""
     try:
         return int(call() or 0)
     except LshdistError as exc:
         sys.stderr.write(f"{name}: error: {exc}\n")
         return 2
+    except BrokenPipeError:  # `lshdist info X | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
     except OSError as exc:
-        if not is_write_error(exc):
-            raise
-        sys.stderr.write(f"{name}: error: {os_error(exc, exc.filename or '?')}\n")
+        logging.getLogger("lshdist").debug("%s: %r", name, exc, exc_info=True)
+        sys.stderr.write(f"{name}: error: {describe_os_error(exc)}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,6 +187,38 @@ def _encoded(ix: Any, X: Any) -> tuple[Any, Any]:
     return qc, qp
 
 
+#: a scheduler address distributed can connect to: scheme, host (or [IPv6]) and port
+_SCHEDULER = re.compile(r"(tcp|tls|ws|wss|ucx)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})/?")
+
+
+def check_scheduler_address(address: str) -> None:
+    """Refuse what is not a scheduler address (distributed raises a bare ValueError deep in
+    its connection code for ``http://...``, a missing port or a port that is not a number)."""
+    m = _SCHEDULER.fullmatch(address)
+    if m is None or not 0 < int(m[3]) < 65536:
+        raise InputError(f"--scheduler {address!r} is not a Dask scheduler address: expected "
+                         "tcp://HOST:PORT or tls://HOST:PORT, as the scheduler prints it (e.g. "
+                         "tcp://10.0.0.5:8786; the dashboard's http:// address is not it)")
+
+
+class _TaskFailures(logging.Filter):
+    """distributed's workers log a failed task with its traceback ("Compute Failed") at ERROR,
+    once a try -- three times with the retries -- before the error reaches the driver, which
+    reports it in one line: kept at debug level (``-v``) instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Compute Failed"):
+            log.debug("a task failed on a worker: %s", record.getMessage())
+            return False
+        return True
+
+
+def _quiet_task_failures() -> None:
+    worker_log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _TaskFailures) for f in worker_log.filters):
+        worker_log.addFilter(_TaskFailures())
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
                 timeout: float = 10.0, stall: float = 600.0, security: Any = None,
@@ -205,11 +238,15 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
 
     if workers < 1:
         raise InputError(f"workers={workers}: need at least one worker")
+    _quiet_task_failures()  # in-process workers log here
     cluster = None
     if scheduler:
+        check_scheduler_address(scheduler)
         try:
             client = _bounded(lambda: Client(scheduler, timeout=timeout, security=security),
                               timeout + 1.0)
+        except ValueError as exc:  # an address distributed cannot use after all
+            raise InputError(f"--scheduler {scheduler!r}: {exc}") from None
         except (OSError, TimeoutError) as exc:
             raise ClusterError(
                 f"could not reach the Dask scheduler at {scheduler!r} within {timeout:.0f}s "

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lshdist.errors import InputError, OutputExistsError
+from lshdist.store.files import local_path
 
 #: artefact kind -> the file that marks a directory as one (and holds ``format``)
 MARKERS = {
@@ -56,12 +57,13 @@ def artefact_kind(path: str | os.PathLike[str]) -> str | None:
 
 def check_not_input(path: str | os.PathLike[str],
                     inputs: Iterable[str | os.PathLike[str] | None]) -> None:
-    """Refuse an output that is, contains or lies inside an input of the same job."""
-    out = Path(path).resolve()
+    """Refuse an output that is, contains or lies inside an input of the same job (or that is
+    an object storage URL: `lshdist.store.files.local_path`)."""
+    out = local_path(path).resolve()
     for i in inputs:
         if i is None:
             continue
-        src = Path(i).resolve()
+        src = local_path(i).resolve()
         if out == src or out in src.parents or src in out.parents:
             raise InputError(f"output {str(path)!r} would overwrite the input {str(i)!r} "
                              "(it is, contains or lies inside it); write the output elsewhere")
@@ -71,7 +73,7 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
                  inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
     """Refuse an existing output unless ``overwrite``, and even then unless it is an lshdist
     artefact of kind ``kind`` (any lshdist kind when None); refuse an output that is an input."""
-    p = Path(path)
+    p = local_path(path)
     check_not_input(p, inputs)
     if not p.exists() and not p.is_symlink():
         return p
@@ -91,19 +93,42 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
 
 _WRITE_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
                  errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-                 errno.EDQUOT: "the disk quota is exceeded"}
+                 errno.EDQUOT: "the disk quota is exceeded",
+                 errno.EFBIG: "a file would exceed the file size limit (ulimit -f) or the "
+                              "largest file the file system holds"}
+_FIXES = {errno.EFBIG: "raise the limit (ulimit -f) or write smaller shards, then run the job "
+                       "again"}
 
 
 def is_write_error(exc: BaseException) -> bool:
-    """An OS error a user fixes on their side: disk full, read-only, permission, quota."""
+    """An OS error a user fixes on their side: disk full, read-only, permission, quota, file
+    size limit."""
     return isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS
 
 
-def os_error(exc: OSError, path: str | os.PathLike[str]) -> InputError:
-    """An OS error while writing (disk full, read-only, permission) as an exit-2 message."""
+def os_error(exc: OSError, path: str | os.PathLike[str] | None) -> InputError:
+    """An OS error while writing (disk full, read-only, permission) as an exit-2 message
+    (``path`` None: the system did not say which file)."""
     reason = _WRITE_ERRORS.get(exc.errno or 0, exc.strerror)
-    return InputError(f"cannot write {str(path)!r}: {reason}; free space or choose a writable "
-                      "path, then run the job again")
+    fix = _FIXES.get(exc.errno or 0, "free space or choose a writable path, then run the job "
+                                     "again")
+    what = repr(str(path)) if path is not None else "a file (the system did not say which)"
+    return InputError(f"cannot write {what}: {reason}; {fix}")
+
+
+def describe_os_error(exc: OSError) -> InputError:
+    """Any OS error that ends a job, as one exit-2 line: a write error (`is_write_error`) as
+    `os_error`, naming the file when the error does; another one (an I/O error, too many open
+    files, a name too long...) with its file, its errno name and the system's words."""
+    if is_write_error(exc):
+        return os_error(exc, exc.filename)
+    if exc.errno is None:  # raised by a library, not the system (a connection timed out...)
+        return InputError(f"{type(exc).__name__}: {exc}")
+    code = errno.errorcode.get(exc.errno or 0, "")
+    where = f" on {str(exc.filename)!r}" if exc.filename is not None else ""
+    return InputError(f"the operating system refused an operation{where}: "
+                      f"{exc.strerror or exc}{f' ({code})' if code else ''}; check the file "
+                      "system and the job's limits, then run the job again")
 
 
 def _aside(path: Path, what: str) -> Path:

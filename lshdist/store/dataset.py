@@ -53,7 +53,7 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_spars
 from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.files import BoundedStore, load_json
+from lshdist.store.files import BoundedStore, load_json, local_path
 from lshdist.store.model import array_checksum
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
 
@@ -436,7 +436,7 @@ class Dataset:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, legacy: bool = False):
-        self.path = Path(path)
+        self.path = local_path(path)
         self.legacy = legacy
         if not self.path.exists():
             raise InputError(f"dataset {str(self.path)!r} does not exist")

@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,13 +24,40 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
-from lshdist.errors import FormatError
+from lshdist.errors import FormatError, InputError
 
 #: a manifest (zarr.json, model.json, index.json, results.json) larger than this is refused
 MAX_JSON_BYTES = 64 * 2**20
 #: what a compressor may add to a chunk's raw bytes (blosc: 16-32 bytes, zstd: about 1/256 and
 #: a frame header, gzip: 5 bytes per 16 KiB block): a generous bound
 _CODEC_SLACK = 64 * 2**10
+
+
+#: ``scheme:/`` at the start: a URL (``s3://b/k``; a `Path` made of one keeps ``s3:/b/k``)
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/")
+
+
+def local_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a local path: a ``file://`` URL becomes its path; any other URL (``s3://``,
+    ``gs://``, ``abfs://``, ``https://``...) is refused before anything is read or written --
+    it would otherwise be a local directory named ``s3:``.
+
+    Raises
+    ------
+    InputError
+        For a URL other than ``file://`` (or a ``file://`` URL naming another host).
+    """
+    from urllib.parse import unquote, urlsplit
+
+    text = os.fspath(path)
+    m = _URL.match(text)
+    if m is None:
+        return Path(text)
+    parts = urlsplit(text)
+    if m[1].lower() == "file" and parts.netloc in ("", "localhost"):
+        return Path(unquote(parts.path))
+    raise InputError(f"object storage URLs are not supported yet: {text!r}; use a local or "
+                     "shared POSIX path")
 
 
 def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None

@@ -43,7 +43,7 @@ from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
 from lshdist.store.dataset import repeated_id
-from lshdist.store.files import BoundedStore, load_json
+from lshdist.store.files import BoundedStore, load_json, local_path
 from lshdist.store.model import array_checksum, zarr_array
 
 log = logging.getLogger(__name__)
@@ -176,19 +176,28 @@ def segment_zarr_arrays(path: Path, arrays: dict[str, np.ndarray], attrs: dict[s
                         ) -> None:
     """Write ``arrays`` (names with ``/`` make subgroups) and ``attrs`` as a new Zarr group at
     ``path``, in the chunking and compression of every segment of an index."""
-    g = zarr.open_group(str(path), mode="w", zarr_format=3)
-    for key, a in arrays.items():
-        # the sorted lists and keys are near-random bits: compressing them costs more time
-        # (half of a segment's build, measured) than the space it saves
-        raw = key in _UNCOMPRESSED
-        a = np.ascontiguousarray(a)
-        if key in ("sorted_rows", "sorted_prefix") and a.shape[1] * a.itemsize > _CHUNK_BYTES:
-            # (M, N): long lists in runs of one list (a chunk of several would be strided)
-            chunks: tuple[int, ...] = (1, max(1, _CHUNK_BYTES // a.itemsize))
-        else:  # whole rows: several short lists per chunk (zarr pays per chunk)
-            chunks = _chunks(a)
-        g.create_array(key, data=a, chunks=chunks, compressors=None if raw else _PAYLOAD_CODEC)
-    g.attrs.update(attrs)
+    key = "zarr.json"
+    try:
+        g = zarr.open_group(str(path), mode="w", zarr_format=3)
+        for key, a in arrays.items():
+            # the sorted lists and keys are near-random bits: compressing them costs more time
+            # (half of a segment's build, measured) than the space it saves
+            raw = key in _UNCOMPRESSED
+            a = np.ascontiguousarray(a)
+            if key in ("sorted_rows", "sorted_prefix") and (a.shape[1] * a.itemsize
+                                                            > _CHUNK_BYTES):
+                # (M, N): long lists in runs of one list (a chunk of several would be strided)
+                chunks: tuple[int, ...] = (1, max(1, _CHUNK_BYTES // a.itemsize))
+            else:  # whole rows: several short lists per chunk (zarr pays per chunk)
+                chunks = _chunks(a)
+            g.create_array(key, data=a, chunks=chunks,
+                           compressors=None if raw else _PAYLOAD_CODEC)
+        key = "zarr.json"
+        g.attrs.update(attrs)
+    except OSError as exc:  # zarr's writes do not say which file: a full disk names it here
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path / key)) from None
 
 
 def part_dir(i: int) -> str:
@@ -341,7 +350,7 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
         its checksum or not matching it, with a missing or mistyped field, or with a segment
         name that is not one lshdist makes or that appears twice.
     """
-    path = Path(index_dir)
+    path = local_path(index_dir)
     if not path.is_dir():
         raise InputError(f"index {str(path)!r} does not exist; build it with `lshdist index`")
     f = path / MANIFEST

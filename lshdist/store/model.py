@@ -22,7 +22,7 @@ from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.files import BoundedStore, load_json
+from lshdist.store.files import BoundedStore, load_json, local_path
 
 FORMAT = "lshdist-model"
 VERSION = 1
@@ -183,7 +183,7 @@ def read_model_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         has one of the wrong type, names other arrays than its kind needs, or its checksum does
         not match its array checksums.
     """
-    path = Path(path)
+    path = local_path(path)
     f = path / "model.json"
     if not path.is_dir():
         raise InputError(f"model {str(path)!r} does not exist; create it with `lshdist learn`")
@@ -224,7 +224,7 @@ def load_model(path: str | os.PathLike[str]
     FormatError
         For any damage, naming the array.
     """
-    path = Path(path)
+    path = local_path(path)
     meta = read_model_meta(path)
     try:
         g = zarr.open_group(BoundedStore(path / "arrays"), mode="r", zarr_format=3)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir, atomic_write_text
-from lshdist.store.files import check_file, load_json
+from lshdist.store.files import check_file, load_json, local_path
 
 FORMAT = "lshdist-results"
 VERSION = 1
@@ -145,7 +145,7 @@ class ResultsMeta:
 
 
 def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
-    root = Path(path)
+    root = local_path(path)
     if not root.is_dir():
         raise InputError(f"results {str(root)!r} do not exist; run `lshdist query` first")
     f = root / MANIFEST
