@@ -315,7 +315,7 @@ SUBSPACE_BITS = 32
 #: options of one method only (given with the other method: an error)
 SUBSPACE_OPTIONS = frozenset({"rank", "eta", "alpha", "max_rounds", "krylov_iters", "probe",
                               "candidates"})
-PERMUTATION_OPTIONS = frozenset({"target_recall", "epsilon", "permutations", "window",
+PERMUTATION_OPTIONS = frozenset({"epsilon", "permutations", "window",
                                  "hamming_keep", "calibration_queries", "baseline", "family",
                                  "eh_samples", "k", "segment_rows"})
 
@@ -326,7 +326,9 @@ class IndexConfig(Section):
 
     target_recall: float = opt(0.9, _float(0.0, 1.0),
                                "recall@k against the exact scan that calibration chooses M, W "
-                               "and H for (the options below, when given, stay fixed)",
+                               "and H for (the options below, when given, stay fixed); "
+                               "--method subspace: the recall a query calibrates --probe and "
+                               "--candidates for, on a sample of its queries",
                                metavar="R")
     k: int = opt(10, POSITIVE, "the k of the calibrated recall@k")
     bits: int = opt(512, _int(1, MAX_BITS), "b, bits per hash key", metavar="b")
@@ -385,11 +387,10 @@ class IndexConfig(Section):
     def __post_init__(self) -> None:
         if self.epsilon is not None and self.permutations is not None:
             raise InputError("give epsilon or permutations (M), not both")
-        if self.method == "subspace" and "target_recall" in self.given_:
-            raise InputError("--target-recall is not supported by `lshdist index --method "
-                             "subspace`; give it to `lshdist query`, which calibrates --probe "
-                             "and --candidates on a sample of the queries, or set --probe N "
-                             "and --candidates H here")
+        if (self.method == "subspace" and "target_recall" in self.given_
+                and {"probe", "candidates"} & self.given_):
+            raise InputError("--target-recall chooses --probe and --candidates of a subspace "
+                             "index; give the target or fix them, not both")
         own = SUBSPACE_OPTIONS if self.method == "permutation" else PERMUTATION_OPTIONS
         other = "subspace" if self.method == "permutation" else "permutation"
         clash = sorted(own & self.given_)

@@ -380,6 +380,10 @@ def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,
                                  "max_rounds": cfg.max_rounds, "min_group": plan.min_group,
                                  "krylov_iters": cfg.krylov_iters, "n_probe": cfg.probe,
                                  "n_candidates": cfg.candidates,
+                                 # the recall a query calibrates --probe and --candidates for
+                                 # on a sample of its queries (None: they were fixed here)
+                                 "target_recall": None if {"probe", "candidates"} & cfg.given_
+                                 else cfg.target_recall,
                                  "rounds": [vars(r) for r in part.rounds],
                                  "group_sizes": sizes, "subspaces_checksum": checksum}}
         write_manifest(tmp, manifest)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from lshdist.cluster.subspace import load_metric
 from lshdist.config import ClusterConfig, QueryConfig
 from lshdist.errors import InputError
 from lshdist.index.krylov import subspace_residuals
+from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
 from lshdist.index.subspace import probe_mask, search_group
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import Dataset
@@ -74,6 +75,20 @@ def route_chunk(queries_path: str, start: int, stop: int, metric: ExplicitMetric
     route = np.stack([subspace_residuals(Zqc, V) for V in bases], axis=1)
     mask, _ = probe_mask(route, sizes, k, n_probe)
     return Zqc, mask, np.asarray(ds.ids()[start:stop], np.int64), Zq
+
+
+def route_rows(queries_path: str, rows: np.ndarray, metric: ExplicitMetric,
+               router: tuple[np.ndarray, np.ndarray], sizes: np.ndarray, k: int,
+               n_probe: int) -> Routed:
+    """`route_chunk` of the query rows numbered ``rows`` (the recall check's sample)."""
+    ds = Dataset(queries_path)
+    rows = np.asarray(rows, np.int64)
+    Zq = metric.transform(ds.read_row_set(rows))
+    bases, center = router
+    Zqc = Zq.astype(np.float64) - center
+    route = np.stack([subspace_residuals(Zqc, V) for V in bases], axis=1)
+    mask, _ = probe_mask(route, sizes, k, n_probe)
+    return Zqc, mask, np.asarray(ds.ids()[rows], np.int64), Zq
 
 
 def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidates: int,
@@ -171,6 +186,11 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
                          "the queries; give one or the other (and not --mode scan)")
     _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
     rec = manifest["subspace"]
+    built_target = rec.get("target_recall")
+    if (cfg.mode == "auto" and cfg.target_recall is None and cfg.probe is None
+            and cfg.candidates is None and built_target is not None):
+        # the index was built for a recall: calibrate for it on a sample of these queries
+        cfg = replace(cfg, target_recall=float(built_target))
     if cfg.mode == "scan":
         mode, probe, cand = "scan", len(manifest["segments"]), max(rec["group_sizes"])
     else:
@@ -205,14 +225,26 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
     reason = ("the index's own parameters" if plan.mode == "hash"
               else "asked for (--mode scan): every group by the exact scan")
     calibration = None
-    if plan.cfg.target_recall is not None:
-        try:
+    recall: MeasuredRecall | None = None
+    try:
+        if plan.cfg.target_recall is not None:
             plan, calibration = _calibrated(client, plan, metric_f, router_f, segs, sizes,
                                             stall)
-        except BaseException:
-            client.cancel([*segs, metric_f, router_f])
-            raise
-        reason = calibration["reason"]
+            reason = calibration["reason"]
+            rows_n = int(m["rows"])
+            if (plan.cfg.mode == "auto"
+                    and calibration["chosen"]["reranked"] >= SCAN_SHARE * rows_n):
+                plan = _as_scan(plan)
+                reason = (f"{reason}; it re-ranks {calibration['chosen']['reranked']:.0f} of "
+                          f"the {rows_n} rows per query (>= {SCAN_SHARE:.0%}): the exact scan "
+                          "is no slower")
+        if cfg.check_recall:
+            plan, recall, why = _checked_subspace(client, plan, calibration, metric_f,
+                                                  router_f, segs, where, sizes, stall)
+            reason = why or reason
+    except BaseException:
+        client.cancel([*segs, metric_f, router_f])
+        raise
     op = {"n_probe": plan.n_probe, "n_candidates": plan.n_candidates}
 
     def submit(c: int, tmp: str) -> None:
@@ -228,7 +260,9 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
                            inputs=(plan.index, qds.path, m["model"]),
                            info={"mode": plan.mode, "method": METHOD, "operating_point": op,
-                                 "reason": reason, "calibration": calibration}) as tmp:
+                                 "reason": reason, "calibration": calibration,
+                                 "measured_recall": None if recall is None
+                                 else recall.to_json()}) as tmp:
             def done(w: Any) -> None:
                 nonlocal total
                 total += int(w.result())
@@ -240,7 +274,70 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
             client.cancel([w, *rest])
         client.cancel([*segs, metric_f, router_f])
     return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
-            "operating_point": op, "calibration": calibration}
+            "operating_point": op, "calibration": calibration,
+            "measured_recall": None if recall is None else recall.to_json()}
+
+
+#: an auto query whose calibrated point re-ranks at least this share of the rows answers by
+#: the exact scan: the routing and the Hamming ranking of the probed groups come on top of
+#: the re-rank, so such a point is no faster than scanning every row
+SCAN_SHARE = 0.5
+
+
+def _as_scan(plan: SubspaceQueryPlan) -> SubspaceQueryPlan:
+    from dataclasses import replace as with_
+
+    sizes = plan.manifest["subspace"]["group_sizes"]
+    return with_(plan, mode="scan", n_probe=len(plan.manifest["segments"]),
+                 n_candidates=max(sizes))
+
+
+def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[str, Any] | None,
+                      metric_f: Any, router_f: Any, segs: Sequence[Any],
+                      where: Sequence[str | None], sizes: np.ndarray, stall: float
+                      ) -> tuple[SubspaceQueryPlan, MeasuredRecall, str]:
+    """The recall check of a subspace query (`lshdist.index.recall_check`, as the
+    permutation index's `lshdist.cluster.pipeline._checked`): a seeded sample of the queries
+    answered by the exact scan of every group and at the planned (n_probe, n_candidates);
+    a proven miss under ``--mode auto`` is answered by the scan.  Returns the plan, the
+    record and the reason of a change ("" for none)."""
+    cfg, qds = plan.cfg, plan.queries
+    k = cfg.k
+    rows = check_rows(qds.n, int(plan.manifest["seed"]))
+    n_groups = len(plan.manifest["segments"])
+    truth: list[np.ndarray] = []
+
+    def answer(mode: str, n_probe: int, n_candidates: int) -> np.ndarray:
+        held = chunk_tasks(client, 0, where, segs, k,
+                           (route_rows, str(qds.path), rows, metric_f, router_f, sizes, k,
+                            n_probe),
+                           (search_group_task, k, n_candidates, mode),
+                           (tasks.merged_ids, k))
+        ((w, rest),) = held.items()
+        try:
+            for _ in _progress([w], "recall check", stall):
+                pass
+            return np.asarray(w.result())
+        finally:
+            client.cancel([w, *rest])
+
+    def measure(point: tuple[int, int], estimate: float | None) -> MeasuredRecall:
+        if not truth:
+            truth.append(answer("scan", n_groups, int(max(sizes))))
+        got = measured(answer("hash", *point), truth[0], k, qds.n, mode="hash",
+                       target=cfg.target_recall, estimate=estimate)
+        log.info("recall check at n_probe=%d, n_candidates=%d: %s", *point, got.line())
+        return got
+
+    estimate = None if calibration is None else float(calibration["chosen"]["recall"])
+    d = enforce(mode=plan.mode, point=(plan.n_probe, plan.n_candidates), estimate=estimate,
+                target=cfg.target_recall, auto=cfg.mode == "auto", n_queries=qds.n, k=k,
+                measure=measure, recalibrate=None)
+    log.info("%s", d.recall.line())
+    if d.mode == "scan" and plan.mode != "scan":
+        log.warning("query mode scan: %s", d.reason)
+        return _as_scan(plan), d.recall, d.reason
+    return plan, d.recall, ""
 
 
 def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: Any,

@@ -201,6 +201,11 @@ def check_subspace_manifest(meta: dict[str, Any], path: Path) -> None:
         if key not in rec or not _is(rec[key], types):
             raise FormatError(f"{where}: subspace.{key}={rec.get(key)!r} is missing or of the "
                               f"wrong type; {_REBUILD}")
+    target = rec.get("target_recall")  # absent in indexes written before it was recorded
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not 0.0 < target <= 1.0):
+        raise FormatError(f"{where}: subspace.target_recall={target!r} is not a recall in "
+                          f"(0, 1]; {_REBUILD}")
     if rec["version"] != SUBSPACE_VERSION:
         raise FormatError(f"{where}: subspace index version {rec['version']}, this lshdist "
                           f"reads {SUBSPACE_VERSION}; {_REBUILD}")

@@ -312,8 +312,8 @@ def test_sparse_model_refused_before_any_cluster(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--method", "subspace", "--window", "4"], "--window: only for --method permutation"),
     (["--rank", "4"], "--rank: only for --method subspace"),
-    (["--method", "subspace", "--target-recall", "0.9"],
-     "--target-recall is not supported by `lshdist index --method subspace`; give it to"),
+    (["--method", "subspace", "--target-recall", "0.9", "--probe", "2"],
+     "--target-recall chooses --probe and --candidates of a subspace index; give the target"),
     (["--method", "subspace", "--rank", "0"], "expected an integer >= 1"),
     (["--method", "cluster"], "invalid choice|expected one of"),
     (["--method", "subspace", "--rank", "49"], "rank=49: the subspaces cannot exceed"),
@@ -342,3 +342,32 @@ def test_run_config_refuses_the_subspace_method(tmp_path, capsys):
     assert main(["run", str(cfg)]) == 2
     assert "index.method (subspace) is not evaluated by `lshdist run`" in capsys.readouterr().err
     assert not (tmp_path / "wd").exists()
+
+
+def test_an_index_built_for_a_recall_is_queried_at_it_and_measured(job, tmp_path):
+    """`lshdist index --method subspace --target-recall 0.9` (no --probe/--candidates): a plain
+    `lshdist query` calibrates them for that recall on a sample of its queries, measures the
+    recall on its own sample (`measured_recall`), and reaches the target against the scan."""
+    from lshdist.store.results import read_meta
+
+    root = job[0]
+    flags = [x for key, v in CFG.items() if key not in ("probe", "candidates")
+             for x in (f"--{key.replace('_', '-')}", str(v))]
+    assert main(["index", "--method", "subspace", "--data", str(root / "data"), "--model",
+                 str(root / "model"), "--out", str(tmp_path / "idx"), *flags,
+                 "--target-recall", "0.9", "--in-process"]) == 0
+    found = {}
+    for mode in ("auto", "scan"):
+        assert main(["query", "--index", str(tmp_path / "idx"), "--queries",
+                     str(root / "queries"), "--out", str(tmp_path / mode), "--k", "10",
+                     "--mode", mode, "--in-process"]) == 0
+        qids, nb, _, _ = read_results(tmp_path / mode)
+        found[mode] = nb[np.argsort(qids)]
+    info = read_meta(tmp_path / "auto").info
+    assert info["calibration"]["target"] == 0.9
+    rec = info["measured_recall"]
+    real = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found["auto"], found["scan"])])
+    assert real >= 0.88
+    assert rec["queries_sampled"] == min(NQ, 50) and rec["target"] == 0.9
+    assert rec["interval"][0] - 0.02 <= real <= rec["interval"][1] + 0.02
+    assert read_meta(tmp_path / "scan").info["measured_recall"]["value"] == 1.0
