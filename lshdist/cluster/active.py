@@ -178,7 +178,7 @@ class ClusterPool:
         # with ``center``) and the bias constant (the RMS norm of the rows as hashed), as
         # `HyperplaneIndex.fit` computes them in one process; then the segments' keys
         rows = [client.submit(read_pool_rows, str(ds.path), a, b, pure=False,
-                              workers=None if w is None else [w], allow_other_workers=True)
+                              workers=None if w is None else [w], allow_other_workers=w is not None)
                 for (a, b), w in zip(self.bounds, where)]
         stats = client.gather([client.submit(row_sums, r, pure=False) for r in rows])
         total = np.sum([st[0] for st in stats], axis=0)
@@ -190,7 +190,7 @@ class ClusterPool:
         self.segments = [client.submit(fit_pool_segment, r, a, fam_f, self.center,
                                        self.bias_scale, lists, window, seed, pure=False,
                                        workers=None if w is None else [w],
-                                       allow_other_workers=True)
+                                       allow_other_workers=w is not None)
                          for r, (a, _), w in zip(rows, self.bounds, where)]
         client.gather(self.segments)
         del rows  # released by the scheduler (not cancelled: that would cancel the segments)

@@ -414,7 +414,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
                    sorted(client.scheduler_info().get("workers", {})))
     fits = [client.submit(tasks.fit_segment, path, shards, family_f, lists,
                           None if lists else cfg.epsilon, cfg.seed, pure=False, retries=2,
-                          workers=None if w is None else [w], allow_other_workers=True)
+                          workers=None if w is None else [w], allow_other_workers=w is not None)
             for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f]
@@ -799,7 +799,7 @@ def load_segments(client: Any, index: str, manifest: dict[str, Any],
     preference)."""
     where = placement(client, manifest) if where is None else where
     return [client.submit(tasks.load_segment, index, e, manifest, pure=False, retries=2,
-                          workers=None if w is None else [w], allow_other_workers=True)
+                          workers=None if w is None else [w], allow_other_workers=w is not None)
             for e, w in zip(manifest["segments"], where)]
 
 
@@ -892,7 +892,7 @@ def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
     fn, *args = encode
     encs = {w: client.submit(fn, *args, pure=False, retries=2,
-                             workers=None if w is None else [w], allow_other_workers=True)
+                             workers=None if w is None else [w], allow_other_workers=w is not None)
             for w in where}
     fn, *args = search
     parts = [client.submit(fn, s, encs[h], *args, pure=False, retries=2)
@@ -900,12 +900,12 @@ def chunk_tasks(client: Any, c: int, homes: Sequence[str | None], segs: Sequence
     mine = {w: [p for p, h in zip(parts, homes) if h == w] for w in where}
     local = [ps[0] if len(ps) == 1 else
              client.submit(tasks.merge_partials, ps, k, pure=False, retries=2,
-                           workers=None if w is None else [w], allow_other_workers=True)
+                           workers=None if w is None else [w], allow_other_workers=w is not None)
              for w, ps in mine.items()]
     at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
     fn, *args = merge
     w = client.submit(fn, encs[at], local, *args, pure=False, retries=2,
-                      workers=None if at is None else [at], allow_other_workers=True)
+                      workers=None if at is None else [at], allow_other_workers=at is not None)
     return {w: [*encs.values(), *parts, *local]}
 
 

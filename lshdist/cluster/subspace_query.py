@@ -216,7 +216,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
     entries = m["segments"]
     where = spread([int(e["rows"]) for e in entries], workers)
     segs = [client.submit(load_group, index, e, m, pure=False, retries=2,
-                          workers=None if w is None else [w], allow_other_workers=True)
+                          workers=None if w is None else [w], allow_other_workers=w is not None)
             for e, w in zip(entries, where)]
     sizes = np.asarray(m["subspace"]["group_sizes"], np.int64)
     window = in_flight or 2 * max(1, len(workers))
