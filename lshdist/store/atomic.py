@@ -88,7 +88,51 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes {want}; "
             "remove it yourself or choose another path")
+    here = Path.cwd()
+    if here == p.resolve() or p.resolve() in here.parents:
+        raise OutputExistsError(
+            f"refusing to overwrite {str(p)!r}: it is (or holds) the current directory; run "
+            "the job from another directory or choose another path")
+    foreign = foreign_files(p, found)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputExistsError(
+            f"refusing to overwrite {str(p)!r}: it holds {foreign[0]!r}{more}, which lshdist "
+            "did not write; move what you keep there elsewhere (or remove it yourself), then "
+            "run the job again")
     return p
+
+
+#: what lshdist writes inside an artefact of each kind (paths relative to it, regexes): Zarr
+#: metadata and chunks, manifests, Parquet parts, temporaries of an interrupted write
+_ZARR = r"(?:[^/]+/)*(?:zarr\.json|c(?:/\d+)+)"
+_TEMP = r"(?:[^/]+/)*\.[^/]+\.(?:tmp|old)-[0-9a-f]+(?:/.*)?"
+_OWN_FILES = {
+    "lshdist-dataset": re.compile(f"{_ZARR}|{_TEMP}"),
+    "lshdist-model": re.compile(f"model\\.json|arrays/{_ZARR}|{_TEMP}"),
+    "lshdist-index": re.compile(f"index\\.json|{_ZARR}|{_TEMP}"),
+    "lshdist-results": re.compile(r"results\.json|(?:neighbors|stats)/part-\d+\.parquet|"
+                                  + _TEMP),
+}
+
+
+def foreign_files(path: str | os.PathLike[str], kind: str) -> list[str]:
+    """The files inside the artefact directory ``path`` (of kind ``kind``) that lshdist does
+    not write there -- a user's own notes in a results directory -- which replacing it would
+    delete (sorted, relative paths).  Kinds whose content is open (an evaluation, a
+    workdir) are not checked."""
+    own = _OWN_FILES.get(kind)
+    if own is None:
+        return []
+    root = Path(path)
+    out = []
+    for top, dirs, files in os.walk(root):
+        rel = Path(top).relative_to(root)
+        for name in files + [d for d in dirs if (Path(top) / d).is_symlink()]:
+            r = (rel / name).as_posix()
+            if not own.fullmatch(r):
+                out.append(r)
+    return sorted(out)
 
 
 _WRITE_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
@@ -120,6 +164,10 @@ def describe_os_error(exc: OSError) -> InputError:
     """Any OS error that ends a job, as one exit-2 line: a write error (`is_write_error`) as
     `os_error`, naming the file when the error does; another one (an I/O error, too many open
     files, a name too long...) with its file, its errno name and the system's words."""
+    if exc.errno in (errno.EACCES, errno.EPERM):  # a read or a write: not known here
+        what = repr(str(exc.filename)) if exc.filename is not None else "a file"
+        return InputError(f"permission denied on {what}: lshdist cannot read or write it; "
+                          "check its permissions and those of the directories above it")
     if is_write_error(exc):
         return os_error(exc, exc.filename)
     if exc.errno is None:  # raised by a library, not the system (a connection timed out...)

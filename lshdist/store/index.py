@@ -126,6 +126,19 @@ _ENTRY_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+@contextlib.contextmanager
+def unreadable(what: str) -> Iterator[None]:
+    """An OS error while reading ``what`` (permission denied on ``segments/``, an I/O error)
+    as a `FormatError` that says it cannot be read -- not, as the CLI would guess from a
+    permission error alone, that something cannot be written."""
+    try:
+        yield
+    except OSError as exc:
+        raise FormatError(f"{what} is unreadable ({exc.strerror or exc}: "
+                          f"{str(exc.filename)!r}); check its permissions and the file system"
+                          ) from None
+
+
 def new_segment_name() -> str:
     """A fresh segment directory name, ``seg-`` and 16 hex digits."""
     return f"seg-{uuid.uuid4().hex[:16]}"
@@ -146,7 +159,9 @@ def segment_path(index_dir: str | os.PathLike[str], name: Any) -> Path:
                           f"{_REBUILD}")
     root = Path(index_dir) / SEGMENTS
     path = root / name
-    if path.exists() and path.resolve().parent != root.resolve():
+    with unreadable(f"segment {name!r} of index {str(index_dir)!r}"):
+        outside = path.exists() and path.resolve().parent != root.resolve()
+    if outside:
         raise FormatError(f"index {str(index_dir)!r}: segment {name!r} resolves to "
                           f"{str(path.resolve())!r}, outside {str(root)!r}; {_REBUILD}")
     return path
@@ -267,8 +282,9 @@ def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     path = segment_path(index_dir, name)
     restore = f"{_REBUILD} or restore segment {name!r}"
     where = f"segment {name!r} of index {str(index_dir)!r}"
-    if not path.is_dir():
-        raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
+    with unreadable(where):
+        if not path.is_dir():
+            raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
     parts = entry.get("parts")
     if parts is None:
         return _read_group(path, entry, manifest, where, restore)
@@ -681,13 +697,15 @@ def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path]:
     named = {e["name"] for e in manifest["segments"]}
     out: list[Path] = []
     seg_root = root / SEGMENTS
-    if seg_root.is_dir():
-        out += sorted(p for p in seg_root.iterdir() if p.name not in named)
-    leftover = re.compile(r"\..*\.(tmp|old)-[0-9a-f]+")
-    out += sorted(p for p in root.iterdir() if leftover.fullmatch(p.name))
-    mine = re.compile(re.escape(f".{Path(os.path.abspath(root)).name}.") + r"(tmp|old)-[0-9a-f]+")
-    parent = Path(os.path.abspath(root)).parent
-    out += sorted(p for p in parent.iterdir() if mine.fullmatch(p.name))
+    with unreadable(f"index {str(root)!r}"):
+        if seg_root.is_dir():
+            out += sorted(p for p in seg_root.iterdir() if p.name not in named)
+        leftover = re.compile(r"\..*\.(tmp|old)-[0-9a-f]+")
+        out += sorted(p for p in root.iterdir() if leftover.fullmatch(p.name))
+        mine = re.compile(re.escape(f".{Path(os.path.abspath(root)).name}.")
+                          + r"(tmp|old)-[0-9a-f]+")
+        parent = Path(os.path.abspath(root)).parent
+        out += sorted(p for p in parent.iterdir() if mine.fullmatch(p.name))
     return out
 
 

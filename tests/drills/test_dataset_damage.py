@@ -10,7 +10,10 @@ CLI, once per module; each case damages a copy.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +152,36 @@ def test_ids_repeated_across_segments_are_refused(built, tmp_path, capsys):
     with pytest.raises(FormatError, match=rf"id {ids[7]} is in segments '{a}' and '{b}'"):
         verify_index(idx)
     _exit_2(["verify", str(idx)], capsys, "an id names one row")
+
+
+def test_overwrite_of_the_current_results_directory_is_one_line(built, tmp_path, capsys,
+                                                                 monkeypatch):
+    query = ["query", "--index", str(built / "idx"), "--queries", str(built / "queries"),
+             "--k", "3", *CLUSTER]
+    assert main([*query, "--out", str(tmp_path / "res")]) == 0
+    monkeypatch.chdir(tmp_path / "res")
+    _exit_2([*query, "--out", ".", "--overwrite"], capsys, "the current directory")
+    (tmp_path / "res" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    _exit_2([*query, "--out", "res", "--overwrite"], capsys, "it holds 'notes.txt', which "
+                                                              "lshdist did not write")
+    assert (tmp_path / "res" / "notes.txt").read_text() == "mine"
+
+
+def test_an_unreadable_segments_directory_is_called_unreadable(built, tmp_path):
+    """Root reads anything: the job runs without the capabilities that let it (setpriv)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    idx = _copy(built, tmp_path, "idx")
+    (idx / "segments").chmod(0)
+    try:
+        cmd = [str(Path(sys.executable).parent / "lshdist"), "verify", str(idx)]
+        if os.geteuid() == 0:
+            cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *cmd]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        (idx / "segments").chmod(0o755)
+    assert out.returncode == 2, out.stderr
+    assert "is unreadable (Permission denied" in out.stderr, out.stderr
+    assert "cannot write" not in out.stderr and "Traceback" not in out.stderr
