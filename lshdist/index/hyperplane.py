@@ -425,7 +425,8 @@ class HyperplaneIndex:
                              "not through the origin of centred coordinates")
         d = 1 if isinstance(B, SparseBlock) else int(B.shape[1])
         self.family_ = hyperplane_family(self.family, d=d, bits=self.bits, seed=self.seed,
-                                         bias=self.bias, samples=self.samples)
+                                         bias=self.bias, samples=self.samples,
+                                         n_threads=n_threads)
         self.center_: np.ndarray | None = None
         sums = None  # one pass over the rows gives the centre and the bias constant
         if self.center and not isinstance(B, SparseBlock) and len(B):
