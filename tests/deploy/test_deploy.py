@@ -13,8 +13,8 @@ runs exist; the NetworkPolicy and PVC against their required fields; the cron li
 systemd units parsed and pointing at jobs/daily_append.py; ``--cluster kubernetes`` connects to
 $DASK_SCHEDULER_ADDRESS (a local scheduler here).
 
-Not validated here: a docker build, a SLURM submission, a Kubernetes apply (no engine, no
-scheduler, no API server on this machine); the full PodSpec schema of the CRD (470 KB; only the
+Not validated here: a docker build, a Kubernetes apply (no engine, no API server on this
+machine); SLURM submissions run for real in test_slurm.py (marker slurm); the full PodSpec schema of the CRD (470 KB; only the
 required fields above and the types used are checked).
 """
 
