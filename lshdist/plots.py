@@ -115,16 +115,25 @@ def _coincide(a: Sequence[Record], b: Sequence[Record], keys: Sequence[str]) -> 
         np.allclose([r[k] for r in a], [r[k] for r in b], rtol=1e-9, atol=0) for k in keys)
 
 
-def _coincide_note(data: Record, names: Sequence[str], what: str) -> list[str]:
+def _metric_notes(data: Record, names: Sequence[str], coincide: bool, what: str) -> list[str]:
+    """What a reader must know to compare the two metrics' series: that they coincide (and
+    why), or that the learned metric is the identity and only the hash functions differ."""
     if len(names) != 2:
         return []
-    if data.get("identity", {}).get(names[1]):
+    a, b = names
+    identity = bool(data.get("identity", {}).get(b))
+    if coincide:
         why = (f"the learned metric is the identity here (model selection kept the unlearned "
-               f"prior), so {names[1]} hashes and ranks exactly as {names[0]}")
-    else:
-        why = "the two metrics find the same candidates here"
-    return [f"{names[1]} and {names[0]} {what} coincide: {why}; {names[1]} is drawn as "
-            f"hollow squares on a dashed line over {names[0]}'s dots."]
+               f"prior), so {b} hashes and ranks exactly as {a}" if identity
+               else "the two metrics find the same candidates here")
+        return [f"{b} and {a} {what} coincide: {why}; {b} is drawn as hollow squares on a "
+                f"dashed line over {a}'s dots."]
+    if identity:
+        return [f"The learned metric is the identity here (model selection kept the unlearned "
+                f"prior): {b} ranks as {a} does and differs only by its own random hash "
+                f"functions, so the gap between their {what} is the spread of the hashing, not "
+                "a gain of the metric."]
+    return []
 
 
 def plot_tradeoff(data: Record, title: str = "") -> Figure:
@@ -173,10 +182,9 @@ def plot_tradeoff(data: Record, title: str = "") -> Figure:
     fig.suptitle(title or _title(data, "recall against cost: the calibration grid's Pareto "
                                        "front, each point searched again on the test queries"),
                  fontsize=10)
-    notes: list[str] = []
-    if len(names) == 2 and _coincide(data["front"][names[0]], data["front"][names[1]],
-                                     ("recall", "reranked", "keys_compared")):
-        notes += _coincide_note(data, names, "curves")
+    notes = _metric_notes(data, names, len(names) == 2 and _coincide(
+        data["front"][names[0]], data["front"][names[1]], ("recall", "reranked",
+                                                            "keys_compared")), "curves")
     return _finish(fig, notes)
 
 
@@ -234,13 +242,14 @@ def plot_bits(data: Record, title: str = "") -> Figure:
                        (a3, [p["keys_compared"] for p in pts])):
             miss = [(bb, y) for bb, y, r in zip(b, ys, rs) if not r["reached"]]
             scans = [(bb, y) for bb, y, r in zip(b, ys, rs) if r["mode"] == "scan"]
+            first = ax is a1  # the markers' legend once, in the first panel
             if miss:
                 ax.plot(*zip(*miss), marker="X", markersize=11, color=col, linestyle="none",
-                        label=f"{name}: no point reaches {target:g}")
+                        label=f"{name}: no point reaches {target:g}" if first else "_")
             if scans:
                 ax.plot(*zip(*scans), marker="o", markersize=15, markerfacecolor="none",
                         color="black", linestyle="none",
-                        label=f"{name}: auto answers by the scan")
+                        label=f"{name}: auto answers by the scan" if first else "_")
     _reference(a3.axhline(N, color="black", linestyle=":", linewidth=1,
                           label=f"exact scan: {N:,} distances"))
     lo, hi = a1.get_ylim()  # a few points wide at least: the target holds the recall, and
@@ -258,11 +267,10 @@ def plot_bits(data: Record, title: str = "") -> Figure:
         ax.legend(fontsize=7)
     _log(a2, "y")
     _log(a3, "y")
-    if len(names) == 2 and _coincide(
-            [r["point"] or {} for r in data["bits_sweep"][names[0]]],
-            [r["point"] or {} for r in data["bits_sweep"][names[1]]],
-            ("recall", "reranked", "keys_compared", "knn_accuracy")):
-        notes += _coincide_note(data, names, "points")
+    notes += _metric_notes(data, names, len(names) == 2 and _coincide(
+        [r["point"] or {} for r in data["bits_sweep"][names[0]]],
+        [r["point"] or {} for r in data["bits_sweep"][names[1]]],
+        ("recall", "reranked", "keys_compared", "knn_accuracy")), "points")
     fig.suptitle(title or _title(data, f"k-NN accuracy and cost against b: each b calibrated "
                                        f"for recall@{rk} >= {target:g} on the test queries, "
                                        "its chosen point searched again").replace(
@@ -270,29 +278,34 @@ def plot_bits(data: Record, title: str = "") -> Figure:
     return _finish(fig, notes)
 
 
-def plot_calibration(cal: Calibration, title: str = "", name: str = "") -> Figure:
+def plot_calibration(cal: Calibration, title: str = "", name: str = "",
+                     rows: int | None = None) -> Figure:
     """An index's calibration curve (``lshdist info INDEX --plot``): recall on the
     calibration sample against the cost per query of every (M, W, H) point tried (grey), the
     Pareto front (line), the chosen point (star) and the exact scan's cost.  Only the
     chosen (or best timed) point's time was measured; the others' is scaled from it by the
     operation count `Point.cost`, as ``query --target-recall`` estimates it.  ``name``
-    starts the default title."""
+    starts the default title; ``rows``: the index's rows (default: the calibrated
+    database's — of an index in several segments, one segment's, which is also what the
+    time and the scan's time are of, while the rows re-ranked count every segment's)."""
     fig = Figure(figsize=(15, 5.2))
     axes = fig.subplots(1, 3, sharey=True)
     ref = cal.reference
     t_ref = None if ref is None else ref.seconds_per_query
     unit = None if t_ref is None or ref is None else t_ref / max(ref.cost(cal.width), 1.0)
-    N = cal.n_database
+    N = cal.n_database if rows is None else rows
+    parts = max((p.parts for p in cal.points), default=1)
+    one = f", one segment of {parts}" if parts > 1 else ""
 
     def entries(p: Point) -> float:
         return float(2 * p.permutations * p.window * p.parts)
 
     panels: list[tuple[str, Any]] = []
     if unit is not None:
-        panels.append(("time per query (ms; chosen point measured, others scaled by "
-                       "operation count)", lambda p: 1e3 * unit * p.cost(cal.width)))
+        panels.append((f"time per query{one} (ms; estimated, see below)",
+                       lambda p: 1e3 * unit * p.cost(cal.width)))
     panels += [("rows re-ranked per query (exact distances computed)", lambda p: p.reranked),
-               ("list entries read per query (2 x M x W per segment)", entries)]
+               ("list entries read per query (2 x M x W, every segment)", entries)]
     for ax, (xlabel, fx) in zip(axes, panels):
         ax.scatter([fx(p) for p in cal.points], [p.recall for p in cal.points], s=6,
                    color="0.75", label=f"every (M, W, H) tried ({len(cal.points)})")
@@ -310,7 +323,8 @@ def plot_calibration(cal: Calibration, title: str = "", name: str = "") -> Figur
         if xlabel.startswith("time"):
             t = 1e3 * cal.scan_seconds_per_query
             _reference(ax.axvline(t, color="black", linestyle=":",
-                                  label=f"exact scan ({t:.3g} ms)"))
+                                  label=f"exact scan{' of that segment' if one else ''} "
+                                        f"({t:.3g} ms)"))
         elif xlabel.startswith("rows"):
             _reference(ax.axvline(N, color="black", linestyle=":",
                                   label=f"exact scan ({N:,} rows)"))
@@ -323,11 +337,14 @@ def plot_calibration(cal: Calibration, title: str = "", name: str = "") -> Figur
     axes[0].set_ylabel(f"recall@{cal.k} on the calibration sample")
     answer = (f"hashed search at {_point_label(ref)}" if cal.mode == "hash"
               else "the exact scan")
+    where = f" in {parts} segments" if parts > 1 else ""
     fig.suptitle(title or (f"{name + ': ' if name else ''}calibration curve: {N:,} database "
-                           f"rows, {cal.n_queries} sample queries, target recall@{cal.k} "
-                           f">= {cal.target:g}; chosen: {answer}"), fontsize=10)
-    notes = [] if unit is not None else [
-        "no point was timed (no point reaches the target): time per query is not drawn."]
+                           f"rows{where}, {cal.n_queries} sample queries, target "
+                           f"recall@{cal.k} >= {cal.target:g}; chosen: {answer}"), fontsize=10)
+    notes = [("Time per query: the star's was measured when the index was built; every other "
+              "point's is scaled from it by its operation count (M, W and the rows re-ranked), "
+              "as `lshdist query --target-recall` estimates it.") if unit is not None else
+             "No point was timed (none reaches the target): time per query is not drawn."]
     return _finish(fig, notes)
 
 
@@ -423,4 +440,5 @@ def plot_index(path: str | Path, out: str | Path) -> None:
     if cal is None or not cal.points:
         raise InputError(f"index {str(path)!r} has no calibration curve (a subspace index, or "
                          "one whose calibration tried no point): nothing to plot")
-    save(plot_calibration(cal, name=f"index {path.name}"), out)
+    save(plot_calibration(cal, name=f"index {path.name}", rows=read_manifest(path)["rows"]),
+         out)

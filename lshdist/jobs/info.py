@@ -88,13 +88,10 @@ def _calibration(m: dict[str, Any]) -> dict[str, Any]:
     """The calibration's choice and its curve: the points no cheaper point beats in recall
     (the trade-off frontier, by `Point.cost`), as lines ``M W H recall %searched [ms/query]``."""
     from lshdist.index.calibrate import Calibration
+    from lshdist.tradeoff import pareto_front
 
     cal = Calibration.from_json(m["calibration"])
-    frontier, top = [], -1.0
-    for p in sorted(cal.points, key=lambda p: p.cost(cal.width)):
-        if p.recall > top:
-            frontier.append(p)
-            top = p.recall
+    frontier = pareto_front(cal.points, cal.width)
     curve = [f"M={p.permutations:<4} W={p.window:<3} H={p.hamming_keep:<5} recall "
              f"{p.recall:.3f}  searched {100 * p.fraction_searched:6.2f}%"
              + (f"  {1e3 * p.seconds_per_query:.3f} ms/query" if p.seconds_per_query else "")

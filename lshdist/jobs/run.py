@@ -286,7 +286,7 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     data["name"] = cfg.name
     atomic_write_text(work / "tradeoff.json", json.dumps(data, indent=2))
     write_plots(data, work)
-    cal = read_manifest(work / "index").get("calibration")
-    if cal is not None:
-        save(plot_calibration(Calibration.from_json(cal), name=f"{cfg.name} index"),
-             work / "calibration.png")
+    m = read_manifest(work / "index")
+    if m.get("calibration") is not None:
+        save(plot_calibration(Calibration.from_json(m["calibration"]), name=f"{cfg.name} index",
+                              rows=m["rows"]), work / "calibration.png")
