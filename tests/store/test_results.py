@@ -100,3 +100,25 @@ def test_a_failed_chunk_leaves_no_part_file(tmp_path):
         out.write(qids, np.zeros((3, 2), np.float32), np.ones((3, 2), np.int64), np.ones(3))
         raise RuntimeError("half-way")
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("bad", [2, -1, 3])
+def test_a_rank_outside_0_to_k_minus_1_is_a_format_error(tmp_path, bad):
+    """A part whose ranks reach k (or below 0) is refused as damaged, not indexed past the
+    (Q, k) arrays.  Mutant caught: the check ``rank.max() >= k`` written ``> k`` (rank k then
+    reached numpy as an IndexError traceback)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lshdist.store.results import NEIGHBORS_SCHEMA
+
+    qids = np.array([4, 8], np.int64)
+    _write(tmp_path / "r", [(qids, np.zeros((2, 2), np.float32), np.array([[1, 2], [3, 4]]),
+                             np.ones(2))], k=2)
+    part = tmp_path / "r" / "neighbors" / "part-00000.parquet"
+    pq.write_table(pa.table({"query_id": [4, 4, 8], "rank": [0, 1, bad],
+                             "neighbor_id": [1, 2, 3], "distance": [0.0, 0.1, 0.2]},
+                            schema=NEIGHBORS_SCHEMA), part)
+    with pytest.raises(FormatError, match=r"part 'part-00000.parquet' has ranks outside "
+                                          r"0\.\.1; run the query again"):
+        read_results(tmp_path / "r")
