@@ -589,13 +589,12 @@ class Dataset:
         off = self._offsets(offsets, lo, hi, int(self.nnz or 0))
         base = int(off[0])
         sources = [self._array(a) for a in names]
-        arrays = [np.empty((int(off[-1]) - base, *a.shape[1:]), a.dtype) for a in sources]
+        arrays = self._read_spans(sources, base, int(off[-1]), [
+            (i, int(off[int(b[i]) - lo]), int(off[int(b[i + 1]) - lo]))
+            for i in range(i0, i1)], check)
         for i in range(i0, i1):
             s = off[int(b[i]) - lo:int(b[i + 1]) - lo + 1]
             a, z = int(s[0]) - base, int(s[-1]) - base
-            with self._reading(self._shard_name(i, check)):
-                for src, dst in zip(sources, arrays):
-                    dst[a:z] = src[int(s[0]):int(s[-1])]
             self._check_shard(check, i, s, *(dst[a:z] for dst in arrays))
         s = off[start - lo:stop - lo + 1]
         return s - s[0], [a[s[0] - base:s[-1] - base] for a in arrays]
@@ -604,15 +603,28 @@ class Dataset:
         """Rows ``start:stop`` of a dense X, read shard by shard, each checked."""
         i0, i1 = self._covering(start, stop)
         b = self.shard_bounds
+        if i1 == i0:
+            return np.zeros((0, self.d), np.float32)
         lo = int(b[i0])
-        X = np.empty((int(b[i1]) - lo if i1 > i0 else 0, self.d), np.float32)
-        src = self._array("X")
+        (X,) = self._read_spans([self._array("X")], lo, int(b[i1]), [
+            (i, int(b[i]), int(b[i + 1])) for i in range(i0, i1)], "X")
         for i in range(i0, i1):
-            a, z = int(b[i]) - lo, int(b[i + 1]) - lo
-            with self._reading(self._shard_name(i, "X")):
-                X[a:z] = src[int(b[i]):int(b[i + 1])]
-            self._check_shard("X", i, X[a:z])
-        return X[start - lo:stop - lo] if i1 > i0 else X
+            self._check_shard("X", i, X[int(b[i]) - lo:int(b[i + 1]) - lo])
+        return np.ascontiguousarray(X[start - lo:stop - lo], dtype=np.float32)
+
+    def _read_spans(self, sources: list[zarr.Array[Any]], lo: int, hi: int,
+                    shards: list[tuple[int, int, int]], name: str) -> list[np.ndarray]:
+        """``source[lo:hi]`` of each source in one read (zarr decodes the chunks of one call
+        concurrently); when that fails, the shards ``(i, start, stop)`` are read one by one
+        to name the one that cannot be read."""
+        try:
+            return [np.asarray(src[lo:hi]) for src in sources]
+        except Exception:
+            for i, a, z in shards:
+                with self._reading(self._shard_name(i, name)):
+                    for src in sources:
+                        src[a:z]
+            raise
 
     def _shard_name(self, i: int, name: str) -> str:
         b = self.shard_bounds
