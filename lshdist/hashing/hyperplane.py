@@ -384,8 +384,8 @@ class EHHash(HyperplaneFamily):
             return out
         estimate = work * EH_SECONDS_PER_PAIR_BIT / threads
         log.info("EH-Hash of %d %s: %.3g feature pairs x %d bits = %.3g pair-bits, about %s "
-                 "on %d thread(s)", n, what, work / self.bits, self.bits, work,
-                 _duration(estimate), threads)
+                 "on %d idle core(s) (a loaded machine: longer; progress follows)", n, what,
+                 work / self.bits, self.bits, work, _duration(estimate), threads)
         if estimate > EH_WARN_SECONDS:
             cheaper = ("fewer bits (the cost is linear in bits) or H-Hash (linear in the "
                        "nonzeros)" if what == "points" else
