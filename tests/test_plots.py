@@ -71,15 +71,15 @@ def test_the_measured_curves_are_a_trade_off(letter_tradeoff):
 
 def test_every_plot_varies_along_its_axes_and_shows_both_metrics(letter_tradeoff, tmp_path):
     d = letter_tradeoff
-    cal = Calibration.from_json(d["calibration"]["ML"])
-    for fig in (plot_tradeoff(d), plot_bits(d), plot_calibration(cal)):
+    tradeoff, bits = plot_tradeoff(d), plot_bits(d)
+    calibration = plot_calibration(Calibration.from_json(d["calibration"]["ML"]))
+    for fig in (tradeoff, bits, calibration):
         assert figure_problems(fig) == []
         assert all(len(s) >= 1 for s in series(fig))
         assert any("scan" in lab for lab in labels(fig))
-    for fig in (plot_tradeoff(d), plot_bits(d)):
+    for fig in (tradeoff, bits):
         assert all({str(ln.get_label()).split()[0] for ln in s} == {"L2", "ML"}
                    for s in series(fig))
-    tradeoff = plot_tradeoff(d)
     stars = [ln for ax in tradeoff.axes for ln in ax.get_lines() if ln.get_marker() == "*"]
     assert len(stars) == 2 * 3  # the chosen point of each metric on each panel
     assert any(ln.get_gid() == "reference" and "scan" in str(ln.get_label())
