@@ -88,8 +88,11 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes {want}; "
             "remove it yourself or choose another path")
-    here = Path.cwd()
-    if here == p.resolve() or p.resolve() in here.parents:
+    try:
+        here: Path | None = Path.cwd()
+    except OSError:  # the current directory was removed: nothing to protect
+        here = None
+    if here is not None and (here == p.resolve() or p.resolve() in here.parents):
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it is (or holds) the current directory; run "
             "the job from another directory or choose another path")
