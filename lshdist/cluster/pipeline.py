@@ -721,7 +721,8 @@ def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[
 
     def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
         held = chunk_tasks(client, 0, homes, segs, cfg.k,
-                           (tasks.encode_query_rows, str(qds.path), rows, family_f),
+                           (tasks.encode_query_rows, str(qds.path), rows, family_f,
+                            mode != "scan"),
                            (tasks.search_segment, cfg.k, mode, op),
                            (tasks.merged_ids, cfg.k))
         ((w, rest),) = held.items()
@@ -851,7 +852,8 @@ def _query_chunks(client: Any, chunks: list[tuple[int, int]], plan: QueryPlan, f
     def submit(c: int) -> None:
         a, b = chunks[c]
         held.update(chunk_tasks(client, c, homes, segs, cfg.k,
-                                (tasks.encode_queries, str(qds.path), a, b, family_f),
+                                (tasks.encode_queries, str(qds.path), a, b, family_f,
+                                 plan.mode != "scan"),
                                 (tasks.search_segment, cfg.k, plan.mode, plan.op),
                                 (tasks.merge_and_write, cfg.k, tmp, c)))
 

@@ -125,7 +125,7 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
     part's list count, and for the part calibration times (`calibrated_part`; None for the
     others) the scan's seconds per query — the scan `calibrate` would otherwise run again:
     the input of `lshdist.index.calibrate.merged_relevance`."""
-    from lshdist.index.calibrate import exact_truth
+    from lshdist.index.calibrate import BULK_QUERIES, exact_truth
     from lshdist.index.scan import scan_topk
 
     rows, _ = sample
@@ -136,7 +136,8 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
         m = min(k + 1, len(part))
         spq = None
         if i == timed:  # the truth, and the scan timed as a "scan" search runs it
-            D, I, spq = exact_truth(part.payload_, qpayload, m, ids=part.ids_)
+            D, I, spq = exact_truth(part.payload_, qpayload, m, ids=part.ids_,
+                                    batch=BULK_QUERIES)
         else:
             D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_, prune=True)
         pad = k + 1 - m
@@ -203,21 +204,26 @@ def parts_of(segment: PermutationIndex | PackedSegment) -> list[PermutationIndex
     return segment.parts if isinstance(segment, PackedSegment) else [segment]
 
 
-def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily) -> Encoded:
+def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily,
+                   hashed: bool = True) -> Encoded:
+    """Query rows ``start:stop`` encoded (``hashed=False``: for the exact scan, which reads
+    the re-rank payload only)."""
     ds = open_data(queries_path, _metric(family).embedding)
     X = ds.read_rows(start, stop)
-    codes, payload = encode(_metric(family), family, X, query=True)
+    codes, payload = encode(_metric(family), family, X, query=True, hashed=hashed)
     if isinstance(payload, DensePayload):  # held in worker memory until every segment has
         payload = payload.compact()        # searched it: on its uint8 grid where exact
     return codes, payload, ds.ids()[start:stop]
 
 
-def encode_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily) -> Encoded:
+def encode_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily,
+                      hashed: bool = True) -> Encoded:
     """`encode_queries` of the rows ``rows`` (sorted row numbers) of the query dataset: the
     sample a query job answers exactly too, to measure its own recall."""
     ds = open_data(queries_path, _metric(family).embedding)
     rows = np.asarray(rows, np.int64)
-    codes, payload = encode(_metric(family), family, ds.read_row_set(rows), query=True)
+    codes, payload = encode(_metric(family), family, ds.read_row_set(rows), query=True,
+                            hashed=hashed)
     return codes, payload, np.asarray(ds.ids()[rows], np.int64)
 
 

@@ -146,3 +146,18 @@ def test_the_scan_is_not_sampled():
                 k=10, measure=lambda p, e: pytest.fail("must not measure"), recalibrate=None)
     assert d.recall.value == 1.0 and d.recall.sampled == 0
     assert d.recall.to_json()["interval"] == [1.0, 1.0]
+
+
+def test_bulk_scan_seconds_fits_a_fixed_cost_and_a_cost_per_query():
+    """A scan that costs 2 s a call plus 10 ms a query, timed at 200 and 100 queries: a
+    10,000-query scan costs 10.2 ms a query, not the 20 ms the 200-query timing says; the
+    estimate is never above the timing, nor below a quarter of it."""
+    from lshdist.index.calibrate import bulk_seconds
+
+    t = lambda n: 2.0 + 0.01 * n  # noqa: E731
+    assert bulk_seconds(t(200), 200, t(100), 100, 10_000) == pytest.approx(0.0102)
+    # no fixed cost: the timing stands
+    assert bulk_seconds(2.0, 200, 1.0, 100, 10_000) == pytest.approx(0.01)
+    # noise (the half run slower than the full one): never above the measured time per query
+    assert bulk_seconds(2.0, 200, 2.5, 100, 10_000) == pytest.approx(0.0025)
+    assert bulk_seconds(2.0, 200, 0.5, 100, 10_000) == pytest.approx(0.01)
