@@ -2,7 +2,8 @@
 
 `PointSets` holds the sets (ragged), `PyramidMatch` and `ProximityDistribution` map them to
 histograms over hashed 64-bit bin ids whose intersection (`IntersectionKernel`) is the PMK or
-PDK, and `lshdist.embed.unary` gives ``r^T phi(Y)`` of their implicit unary encoding.
+PDK; `lshdist.embed.unary` is their implicit unary encoding (hashed by
+`lshdist.hashing.unary`).
 """
 
 from lshdist.embed.histogram import IntersectionKernel

@@ -1,4 +1,5 @@
-"""The implicit unary encoding of weighted histograms, and random hyperplanes over it.
+"""The implicit unary encoding of weighted histograms (random hyperplanes over it:
+`lshdist.hashing.unary`).
 
 A bin of channel c holding ``n`` units (value ``n * q_c``, ``q_c`` the channel's quantum)
 becomes ``n`` unary coordinates of value ``sqrt(q_c)``, so ``f(Y) . f(Z) = sum_f q_c
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lshdist._kernels.unary import unary_ids, unary_projection
+from lshdist._kernels.unary import unary_ids
 from lshdist.blocks import SparseBlock
 from lshdist.embed.histogram import channels, sorted_csr
 from lshdist.errors import InputError
-from lshdist.hashing.families import HashFamily, check_bits
 
 #: counts above this per bin are refused (the unary cost is linear in them)
 MAX_UNITS = 1 << 24
@@ -44,14 +44,6 @@ def unary_units(H: SparseBlock, quanta: np.ndarray
     return indptr, ids, n.astype(np.int64), np.sqrt(q)
 
 
-def unary_project(H: SparseBlock, quanta: np.ndarray, *, seed: int, bits: int) -> np.ndarray:
-    """``r^T f(Y)`` for every row of ``H`` and every bit: float64 (n, bits)."""
-    indptr, ids, units, values = unary_units(H, quanta)
-    out: np.ndarray = unary_projection(np.uint64(seed), indptr, ids, units, values,
-                                       check_bits(bits))
-    return out
-
-
 def unary_expand(H: SparseBlock, quanta: np.ndarray) -> SparseBlock:
     """The explicit unary vectors ``f(Y)`` (for tests and small checks: cost sum of units)."""
     indptr, ids, units, values = unary_units(H, quanta)
@@ -59,25 +51,3 @@ def unary_expand(H: SparseBlock, quanta: np.ndarray) -> SparseBlock:
     per_row = np.where(np.diff(indptr) > 0, per_row, 0)
     new_ptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
     return SparseBlock.from_arrays(new_ptr, unary_ids(ids, units), np.repeat(values, units))
-
-
-class UnaryHyperplanes(HashFamily):
-    """Charikar's bits ``[r^T f(Y) >= 0]`` over the unary encoding of histograms.
-
-    Two histograms collide on a bit with probability ``1 - theta / pi``, theta the angle of
-    their unary vectors: ``cos theta`` is the normalised intersection kernel.
-    """
-
-    name = "unary-charikar"
-
-    def __init__(self, quanta: np.ndarray, *, bits: int, seed: int = 0) -> None:
-        self.metric = None
-        self.quanta = np.asarray(quanta, np.float64)
-        self.bits = check_bits(bits)
-        self.seed = int(seed)
-
-    def project(self, X: object) -> np.ndarray:
-        if not isinstance(X, SparseBlock):
-            raise InputError(f"unary hashing takes histograms (a SparseBlock), "
-                             f"got {type(X).__name__}")
-        return unary_project(X, self.quanta, seed=self.seed, bits=self.bits)

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from lshdist.embed import IntersectionKernel, PointSets, PyramidMatch
-from lshdist.embed.unary import UnaryHyperplanes, unary_expand, unary_project
+from lshdist.embed.unary import unary_expand
 from lshdist.errors import InputError
 from lshdist.hashing.families import sparse_projection
+from lshdist.hashing.unary import UnaryHyperplanes, unary_project
 from lshdist.metric.kernels import LinearKernel
 
 
