@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lshdist.embed.dataset import open_data
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
 from lshdist.index.payload import DensePayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
+from lshdist.store.embedded import open_data
 from lshdist.store.index import contiguous_span, read_segment, write_segment
 from lshdist.store.results import PartWriter, queries_per_group
 

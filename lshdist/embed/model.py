@@ -11,7 +11,7 @@ implicit hash family's counter-based Gaussians of their coordinates give ``r^T f
 implicit unary encoding, computed over the expanded coordinates — and the sparse re-rank
 payload computes the learned distance over the kernel.  A model learned on point sets carries
 its embedding (`lshdist.metric.learned.ImplicitMetric.embedding`), saved with the model, and
-`lshdist.embed.dataset.open_data` embeds a point-set dataset with it, shard by shard, on
+`lshdist.store.embedded.open_data` embeds a point-set dataset with it, shard by shard, on
 whichever process reads the shard.
 """
 

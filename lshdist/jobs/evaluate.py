@@ -47,10 +47,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.embed.dataset import open_data
     from lshdist.evaluation import HashSettings, baseline_metric, evaluate
     from lshdist.plots import write_plots
     from lshdist.store.dataset import Dataset
+    from lshdist.store.embedded import open_data
     from lshdist.store.model import load_model
     from lshdist.tradeoff import measure_tradeoff
 

@@ -264,10 +264,10 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     """The trade-off plots (`lshdist.plots.write_plots`: recall against cost, accuracy and
     cost against b), measured in one process, and the calibration curve of the run's index
     (``calibration.png``)."""
-    from lshdist.embed.dataset import open_data
     from lshdist.evaluation import baseline_metric
     from lshdist.index.calibrate import Calibration
     from lshdist.plots import plot_calibration, save, write_plots
+    from lshdist.store.embedded import open_data
     from lshdist.store.index import read_manifest
     from lshdist.store.model import load_model
     from lshdist.tradeoff import measure_tradeoff

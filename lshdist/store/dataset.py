@@ -26,7 +26,7 @@ convert one.
 A shard is read alone: only the Zarr chunks that overlap its rows are fetched.  A point-set
 dataset's rows are sets (`lshdist.embed.pointsets.PointSets`, read by `Dataset.read_sets`); the
 vector readers refuse them: a model with a set kernel maps them to rows
-(`lshdist.embed.dataset.open_data`).
+(`lshdist.store.embedded.open_data`).
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ import pytest
 
 from lshdist.blocks import SparseBlock
 from lshdist.embed import IntersectionKernel, PointSets, ProximityDistribution, PyramidMatch
-from lshdist.embed.dataset import EmbeddedDataset, open_data
 from lshdist.embed.features import dense_patches, extract_sets
 from lshdist.embed.model import SetEmbedding
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ImplicitMetric
 from lshdist.store.dataset import Dataset, write_dataset, write_pointsets
+from lshdist.store.embedded import EmbeddedDataset, open_data
 from lshdist.store.model import load_model, save_model
 
 

@@ -8,8 +8,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from lshdist.cli import main
-from lshdist.embed.dataset import open_data
 from lshdist.store.dataset import Dataset
+from lshdist.store.embedded import open_data
 from lshdist.store.model import load_model
 from lshdist.store.results import read_results
 
