@@ -3,6 +3,9 @@
 Explicit metrics (and plain L2) re-rank on ``z = G x`` (`DensePayload`); implicit metrics on the
 sparse (or dense) rows plus their kernel values against the basis (`KernelPayload`).
 Payloads are plain arrays so that a segment stores them in Zarr and kernels read them directly.
+Nothing here knows the metric objects (the metric learners' exact neighbours use these payloads
+through `lshdist.index.scan`); the payload of rows under a metric is made by
+`lshdist.index.metric_payload.make_payload`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -32,14 +34,8 @@ from lshdist._kernels.search import (
     rerank_dense_quantized,
     rerank_sparse,
 )
-from lshdist.blocks import SparseBlock, as_block, row_ranges
+from lshdist.blocks import SparseBlock, row_ranges
 from lshdist.errors import InputError
-from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
-
-if TYPE_CHECKING:
-    from lshdist.blocks import Block, RowsLike
-    from lshdist.protocols import Metric
-
 
 #: rows of at least this many columns are re-ranked with a first pass on a uint8 copy
 #: (`rerank_dense_quantized`: the same answer, a quarter of the bytes for most candidates);
@@ -695,34 +691,3 @@ def _check_array(a: np.ndarray, name: str, dtype: type, ndim: int) -> np.ndarray
         raise InputError(f"payload array {name!r} must be {ndim}-d {np.dtype(dtype)}, got "
                          f"{a.ndim}-d {a.dtype}")
     return a
-
-
-def _sparse_arrays(X: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if isinstance(X, SparseBlock):
-        return X.to_arrays()
-    # dense rows as CSR over feature ids 0..d-1 (the implicit learner on dense data)
-    import scipy.sparse as sp
-
-    m = sp.csr_matrix(np.asarray(X, np.float32))
-    return m.indptr.astype(np.int64), m.indices.astype(np.uint64), m.data
-
-
-def make_payload(metric: Metric, X: RowsLike, *, query: bool = False,
-                 kx: np.ndarray | None = None) -> DensePayload | KernelPayload:
-    """The re-rank payload of rows ``X`` under ``metric`` (database or query side)."""
-    if isinstance(metric, ExplicitMetric):
-        return DensePayload(metric.transform(X))
-    if not isinstance(metric, ImplicitMetric):
-        raise InputError(f"no re-rank payload for a {type(metric).__name__}")
-    X = metric.check(as_block(X))
-    if metric.is_identity:
-        kx = np.zeros((len(_sparse_arrays(X)[0]) - 1, 0))
-        quad = np.zeros(kx.shape[0])
-        zq = kx
-    else:
-        kx = metric.kernel_values(X) if kx is None else kx
-        zq = kx @ metric.Q
-        quad = np.einsum("ij,ij->i", zq, kx)
-    sx = metric.kernel.diag(X) + quad
-    indptr, indices, data = _sparse_arrays(X)
-    return KernelPayload(indptr, indices, data, zq if query else kx, sx)

@@ -21,8 +21,8 @@ from lshdist.index.calibrate import (
     query_sample_size,
     sample_rows,
 )
+from lshdist.index.metric_payload import make_payload
 from lshdist.index.params import resolve_permutations
-from lshdist.index.payload import make_payload
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
 from lshdist.index.scan import scan_topk
 from lshdist.metric.learned import ImplicitMetric

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from lshdist._kernels.search import collect_candidates
 from lshdist.index import MetricIndex, scan_topk
-from lshdist.index.payload import DensePayload, make_payload
+from lshdist.index.metric_payload import make_payload
+from lshdist.index.payload import DensePayload
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
 
