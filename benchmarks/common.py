@@ -219,10 +219,10 @@ def exact_knn_l2(Xdb: np.ndarray, Xq: np.ndarray, k: int, chunk: int = 2048):
 def knn_accuracy(Ztr, ytr, Zte, yte, ks=(1, 4), n_classes: int | None = None) -> dict:
     """k-NN accuracy on transformed vectors with exact L2 neighbours, for each k.
 
-    The vote is `lshdist.evaluation.knn_predict` (majority, a tie to the tied class of the
+    The vote is `lshdist.metric.knn.knn_predict` (majority, a tie to the tied class of the
     nearest neighbour); labels must be codes 0..n_classes-1 (default: max label + 1).
     """
-    from lshdist.evaluation import knn_predict
+    from lshdist.metric.knn import knn_predict
 
     ytr, yte = np.asarray(ytr), np.asarray(yte)
     if n_classes is None:

@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike
 
 from lshdist.blocks import as_block, n_rows
 from lshdist.index.searcher import MetricIndex
+from lshdist.metric.knn import knn_predict
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.validation import check_k
 
@@ -30,23 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SETTINGS = ("L2-scan", "L2-hash", "ML-scan", "ML-hash")
-
-
-def knn_predict(neighbor_labels: np.ndarray, k: int, n_classes: int) -> np.ndarray:
-    """Majority vote over the first k neighbours; a tie goes to the tied class whose member
-    comes first (the nearest).  ``neighbor_labels``: int (Q, >=k), -1 for a missing neighbour."""
-    lab = neighbor_labels[:, :k]
-    Q = lab.shape[0]
-    votes = np.zeros((Q, n_classes + 1), np.int64)
-    np.add.at(votes, (np.repeat(np.arange(Q), k), np.where(lab >= 0, lab, n_classes).ravel()), 1)
-    votes[:, n_classes] = 0
-    best = votes.max(axis=1)
-    pred = np.full(Q, -1, np.int64)
-    for t in range(k):  # the nearest neighbour whose class has the best count
-        c = lab[:, t]
-        hit = (pred < 0) & (c >= 0) & (votes[np.arange(Q), np.maximum(c, 0)] == best)
-        pred[hit] = c[hit]
-    return pred
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:

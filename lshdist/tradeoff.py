@@ -30,11 +30,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from lshdist.blocks import as_block, n_rows, take_rows
-from lshdist.evaluation import knn_predict, recall_at_k
+from lshdist.evaluation import recall_at_k
 from lshdist.hashing.families import HashFamily, LearnedImplicit
 from lshdist.index.calibrate import Calibration, Point, sample_rows
 from lshdist.index.searcher import MetricIndex, answer, encode
 from lshdist.limits import one_blas_thread
+from lshdist.metric.knn import knn_predict
 
 if TYPE_CHECKING:
     from lshdist.blocks import RowsLike

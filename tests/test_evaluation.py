@@ -10,8 +10,9 @@ construction, so the tests pin it to that and bound ``fraction_keys_compared`` i
 import numpy as np
 import pytest
 
-from lshdist.evaluation import HashSettings, evaluate, knn_predict, recall_at_k
+from lshdist.evaluation import HashSettings, evaluate, recall_at_k
 from lshdist.metric.itml import ITML, KernelITML
+from lshdist.metric.knn import knn_predict
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 
 #: Fashion-MNIST: b=256, M=200 lists, W=8, keep the 800 nearest in Hamming distance (1.3 %)

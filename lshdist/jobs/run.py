@@ -75,7 +75,7 @@ def evaluate_results(results: Path, train: Dataset, test: Dataset, ks: list[int]
     fraction of the database searched per query.  Rows are matched by id, never by order."""
     import numpy as np
 
-    from lshdist.evaluation import knn_predict
+    from lshdist.metric.knn import knn_predict
     from lshdist.store.results import read_results, rows_of
 
     ytr, yte = train.labels(), test.labels()

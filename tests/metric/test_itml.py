@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from lshdist.errors import InputError, NotFittedError
-from lshdist.evaluation import knn_predict
 from lshdist.metric.constraints import random_pairs
 from lshdist.metric.itml import ITML, KernelITML
+from lshdist.metric.knn import knn_predict
 from lshdist.metric.learned import ExplicitMetric, sq_euclidean
 
 

@@ -305,7 +305,7 @@ def test_knn_correct_is_exact_far_from_the_origin(offset):
     """The held-out votes are those of the exact float64 neighbours (ties by row), also when
     the rows' mean is large against their spread.  Bug caught: the float32 expansion
     |z|^2 - 2 q.z on un-centred rows (at offset 1,000, 334 of 500 rows got other neighbours)."""
-    from lshdist.evaluation import knn_predict
+    from lshdist.metric.knn import knn_predict
     from lshdist.metric.selection import knn_correct
 
     rng = np.random.default_rng(3)
