@@ -257,9 +257,9 @@ def knn_correct(metric: Any, X_train: RowsLike, y_train: np.ndarray, X_val: Rows
     faster than a float64 distance matrix at 784-d, and exact also for rows far from the
     origin (tested).  Implicit metrics keep the float64 matrix (their sparse payload is slower
     on dense rows)."""
-    from lshdist.evaluation import knn_predict
     from lshdist.index.payload import DensePayload
     from lshdist.index.scan import scan_topk
+    from lshdist.metric.knn import knn_predict
 
     kk = min(max(ks), n_rows(X_train))
     if isinstance(metric, ExplicitMetric):
