@@ -46,6 +46,7 @@ from lshdist.index.hyperplane import (
     search_hyperplanes,
 )
 from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
+from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
 from lshdist.index.searcher import permutation_seed
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_output, os_error
@@ -89,6 +90,20 @@ def encode_chunk(source: str | np.ndarray, start: int, stop: int, ids: np.ndarra
     else:
         ds = Dataset(source)
         W, qids = ds.read_rows(start, stop), ds.ids()[start:stop]
+    codes, payload = encode_hyperplanes(family, W)
+    return codes, payload, qids
+
+
+def encode_rows(source: str | np.ndarray, rows: np.ndarray, ids: np.ndarray | None,
+                family: HyperplaneFamily) -> tasks.Encoded:
+    """`encode_chunk` of the normals numbered ``rows`` (the recall check's sample)."""
+    rows = np.asarray(rows, np.int64)
+    if isinstance(source, np.ndarray):
+        W: Any = source[rows]
+        qids = np.asarray(ids, np.int64)[rows]
+    else:
+        ds = Dataset(source)
+        W, qids = ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)
     codes, payload = encode_hyperplanes(family, W)
     return codes, payload, qids
 
@@ -236,8 +251,10 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
     if fam is None:
         raise InputError(f"index {index!r} was built for k-NN queries; --hyperplanes needs an "
                          "index built with --family h-hash or eh-hash (or use --queries)")
-    if cfg.target_recall is not None:
-        raise InputError("--target-recall: a hyperplane index has no calibration curve")
+    if cfg.target_recall is not None and cfg.mode != "auto":
+        raise InputError("--target-recall of a hyperplane query is the recall its check holds "
+                         "the hashed search to (answering by the scan where it falls short): "
+                         f"it needs --mode auto, not {cfg.mode}")
     model_meta = index_model_meta(index, manifest)
     sparse = bool(model_meta.get("sparse"))
     ids: np.ndarray | None = None
@@ -278,9 +295,14 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
     # mode rank: the hyperplane's candidates shared by the segments in proportion to rows
     shares = candidate_shares(cfg.candidates or RANK_CANDIDATES,
                               [int(e["rows"]) for e in m["segments"]])
+    recall: MeasuredRecall | None = None
     try:
+        if cfg.check_recall:
+            plan, recall = _checked_hyperplanes(client, plan, segs, family_f, shares, stall)
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
                            info={"mode": plan.mode, "hyperplanes": fam["name"],
+                                 "measured_recall": None if recall is None
+                                 else recall.to_json(),
                                  "operating_point": dict(zip(("permutations", "window",
                                                               "hamming_keep"), plan.op)),
                                  **({"candidates": cfg.candidates or RANK_CANDIDATES}
@@ -305,4 +327,46 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
             total = sum(int(f.result()) for f in _progress(writers, "query", stall))
     finally:
         client.cancel(held)
-    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode}
+    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
+            "measured_recall": None if recall is None else recall.to_json()}
+
+
+def _checked_hyperplanes(client: Any, plan: HyperplaneQueryPlan, segs: list[Any],
+                         family_f: Any, shares: list[int], stall: float
+                         ) -> tuple[HyperplaneQueryPlan, MeasuredRecall]:
+    """The recall check of a hyperplane query (`lshdist.index.recall_check`): a seeded sample
+    of the normals answered by the exact scan (every row's margin) and as planned; with
+    ``--mode auto`` and ``--target-recall``, a proven miss is answered by the scan (the index
+    has no calibration curve to move along)."""
+    cfg, m = plan.cfg, plan.manifest
+    k, paired = cfg.k, m["family"]["name"] == "h-hash"
+    rows = check_rows(plan.n, int(m["seed"]))
+    truth: list[np.ndarray] = []
+
+    def answer(mode: str) -> np.ndarray:
+        enc = client.submit(encode_rows, plan.source, rows, plan.ids, family_f, pure=False,
+                            retries=2)
+        parts = [client.submit(search_segment, s, enc, k, mode, plan.op, c, paired,
+                               pure=False, retries=2) for s, c in zip(segs, shares)]
+        w = client.submit(tasks.merged_ids, enc, parts, k, pure=False, retries=2)
+        try:
+            for _ in _progress([w], "recall check", stall):
+                pass
+            return np.asarray(w.result())
+        finally:
+            client.cancel([enc, *parts, w])
+
+    def measure(point: Any, estimate: float | None) -> MeasuredRecall:
+        if not truth:
+            truth.append(answer("scan"))
+        return measured(answer(plan.mode), truth[0], k, plan.n, mode="hash",
+                        target=cfg.target_recall, estimate=None)
+
+    d = enforce(mode="scan" if plan.mode == "scan" else "hash", point=plan.op, estimate=None,
+                target=cfg.target_recall, auto=cfg.mode == "auto", n_queries=plan.n, k=k,
+                measure=measure, recalibrate=None)
+    log.info("%s", d.recall.line())
+    if d.mode == "scan" and plan.mode != "scan":
+        log.warning("hyperplane query: %s", d.reason)
+        return dataclasses.replace(plan, mode="scan"), d.recall
+    return plan, d.recall

@@ -164,3 +164,33 @@ def test_errors(job, tmp_path, capsys):
         import re
 
         assert re.search(message, capsys.readouterr().err), (argv, message)
+
+
+def test_hyperplane_queries_measure_their_recall_and_keep_a_target(job, tmp_path, capsys):
+    """Every hyperplane query measures recall@k of its answer against the exact margins on its
+    own sample (here all 23 normals: the measurement is exact); with ``--target-recall`` above
+    what the fixed (M, W, H) reach, ``auto`` answers by the scan and says so; with ``--mode
+    hash`` the target is refused (nothing would hold it)."""
+    from lshdist.store.results import read_meta
+
+    root, _, _, W = job
+    assert _build(root, "h-hash", tmp_path / "idx") == 0
+    common = ["query", "--index", str(tmp_path / "idx"), "--hyperplanes", str(root / "W.npy"),
+              "--k", "6", *CLUSTER]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--out", str(tmp_path / "scan"), "--mode", "scan"]) == 0
+    _, nb, _, _ = read_results(tmp_path / "plain", np.arange(len(W)))
+    _, exact, _, _ = read_results(tmp_path / "scan", np.arange(len(W)))
+    real = np.mean([len(np.intersect1d(a, b)) / 6 for a, b in zip(nb, exact)])
+    rec = read_meta(tmp_path / "plain").info["measured_recall"]
+    assert rec["queries_sampled"] == len(W) and rec["value"] == pytest.approx(real, abs=1e-6)
+    assert rec["action"] == "reported" and real < 0.99  # 8 lists of 32 bits miss some rows
+    assert main([*common, "--out", str(tmp_path / "held"), "--target-recall", "0.99"]) == 0
+    info = read_meta(tmp_path / "held").info
+    assert info["mode"] == "scan" and info["measured_recall"]["action"] == "scan"
+    _, nb, _, _ = read_results(tmp_path / "held", np.arange(len(W)))
+    assert np.array_equal(nb, exact)
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "bad"), "--mode", "hash",
+                 "--target-recall", "0.9"]) == 2
+    assert "it needs --mode auto, not hash" in capsys.readouterr().err
