@@ -33,6 +33,7 @@ test: lint types $(VENV)/.test
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check lshdist tests benchmarks scripts jobs
+	$(BIN)/lint-imports
 
 types: $(VENV)/.test
 	$(BIN)/mypy

@@ -15,9 +15,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import NoReturn
 
-from lshdist import __version__
 from lshdist.errors import LshdistError
 from lshdist.limits import keep_freed_memory
 from lshdist.store.atomic import describe_os_error
@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lshdist", description=DESCRIPTION, epilog=EPILOG)
-    parser.add_argument("--version", action="version", version=f"lshdist {__version__}")
+    parser.add_argument("--version", action="version", version=f"lshdist {version('lshdist')}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: lshdist's debug messages and Dask's info; -vv: Dask's debug "
                              "messages too (default: lshdist's progress, Dask's warnings)")
