@@ -14,6 +14,7 @@ from lshdist.metric.selection import (
     LEVEL,
     MARGIN,
     choose_setting,
+    mutual_clusters,
     paired_test,
     sample_rows_stratified,
     stratified_folds,
@@ -95,6 +96,32 @@ def test_the_level_is_an_exact_one_sided_sign_test_at_2_5_percent():
     assert not test(60, 40).keep and test(61, 39).keep
     assert LEVEL == 0.025
     assert not test(0, 0).keep and test(0, 0).p_value == 1.0  # no disagreement: no evidence
+
+
+def test_rows_that_vote_for_each_other_are_one_cluster_of_the_test():
+    """Two held-out rows each the other's nearest row (under either metric) are right or wrong
+    together on labels no metric predicts: one cluster; the clustered McNemar statistic then
+    counts their b - c once, squared.  Bugs caught: only one metric's neighbours joined (12 and
+    13 apart), one-way neighbours joined (14 with 10), the clusters ignored (inflation 1)."""
+    rows = np.array([10, 11, 12, 13, 14])
+    learned_nn = np.array([11, 10, 50, 12, 10])
+    prior_nn = np.array([50, 50, 13, 50, 51])
+    c = mutual_clusters(rows, learned_nn, prior_nn)
+    assert c[0] == c[1] and c[2] == c[3] and len({c[0], c[2], c[4]}) == 3
+
+    n = 400  # 200 pairs of rows the learned metric alone gets right, both of each pair
+    learned, prior = np.ones(n, bool), np.zeros(n, bool)
+    learned[300:] = False
+    prior[300:] = True  # and 100 rows (50 pairs) only the prior gets right
+    pairs = np.arange(n) // 2
+    alone, clustered = paired_test(learned, prior), paired_test(learned, prior, pairs)
+    assert alone.inflation == 1.0 and abs(clustered.inflation - 2.0) < 1e-12
+    from scipy.stats import norm
+    assert clustered.p_value == pytest.approx(norm.sf(200 / np.sqrt(2 * 400)))
+    assert clustered.p_value > alone.p_value  # the larger of the exact and the clustered
+    singles = paired_test(learned, prior, np.arange(n))
+    assert singles.inflation == 1.0  # singletons: McNemar's normal form, z = (b - c) / sqrt(b + c)
+    assert singles.p_value == pytest.approx(max(alone.p_value, norm.sf(200 / np.sqrt(400))))
 
 
 def test_a_later_grid_setting_must_win_by_the_margin():
@@ -355,7 +382,7 @@ def test_letter_with_defaults_keeps_the_learned_metric(letter, tmp_path):
     assert test_acc >= 0.969, test_acc
     for fit in [t["fit"] for t in sel["trials"]] + sel["fold_fits"] + [sel["final_fit"]]:
         assert fit["passes"] == 1000 or fit["conv"] < 1e-3  # each trained as the final fit
-        assert 0 <= fit["violation"] and 0 <= fit["violated"] <= 1
+        assert fit["violation"] >= 0 and 0 <= fit["violated"] <= 1
 
 
 @pytest.mark.slow  # ~20 core-seconds: the grid of 7 fits, then usually nothing more
