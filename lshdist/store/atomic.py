@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -256,10 +257,26 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
         else:
             os.rename(tmp, path)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_aside(tmp)
         if is_write_error(exc) and not isinstance(exc, InputError):
             raise os_error(exc, path) from None  # type: ignore[arg-type]
         raise
+
+
+def _remove_aside(tmp: Path, settle: float = 0.1, limit: float = 2.0) -> None:
+    """Remove a failed write's temporary directory, and again while writes still in flight
+    recreate it: zarr writes chunks concurrently, and when one fails (a full disk, a file size
+    limit) the others go on and make their directories anew after a first removal (seen: a
+    ``.NAME.tmp-*`` left by an ingest that hit ``ulimit -f``).  Gone for ``settle`` seconds
+    in a row, or ``limit`` seconds in all, ends it."""
+    deadline = time.monotonic() + limit
+    while True:
+        shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(settle)
+        if not tmp.exists() or time.monotonic() > deadline:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            return
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
