@@ -53,7 +53,8 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_spars
 from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.files import BoundedStore, load_json, local_path
+from lshdist.store.bounded import BoundedStore
+from lshdist.store.files import load_json, local_path
 from lshdist.store.model import array_checksum
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
 

@@ -4,33 +4,24 @@ A file read is a regular file (a device, FIFO or socket is refused: ``/dev/zero`
 without end), a symlink only when it resolves inside the artefact's directory, and never more
 bytes than it may hold: a manifest `MAX_JSON_BYTES`, a Zarr chunk what its array's metadata
 says a chunk holds (its shape times its item size) plus what a compressor may add.
-`BoundedStore` is the Zarr store every reader of the store modules opens its arrays through.
+`lshdist.store.bounded.BoundedStore` is the Zarr store every reader of the store modules opens
+its arrays through (in its own module: this one stays free of Zarr, which the command line's
+parser imports).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import os
 import re
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.storage import LocalStore
 
 from lshdist.errors import FormatError, InputError
 
 #: a manifest (zarr.json, model.json, index.json, results.json) larger than this is refused
 MAX_JSON_BYTES = 64 * 2**20
-#: what a compressor may add to a chunk's raw bytes (blosc: 16-32 bytes, zstd: about 1/256 and
-#: a frame header, gzip: 5 bytes per 16 KiB block): a generous bound
-_CODEC_SLACK = 64 * 2**10
 
 
 #: ``scheme:/`` at the start: a URL (``s3://b/k``; a `Path` made of one keeps ``s3:/b/k``)
@@ -132,82 +123,3 @@ def load_json(path: str | os.PathLike[str], what: str, fix: str,
         raise FormatError(f"{what} is corrupted (JSON nested too deeply); {fix}") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise FormatError(f"{what} is corrupted ({exc}); {fix}") from None
-
-
-def _chunk_limit(meta: Any) -> int | None:
-    """The bytes one chunk of a Zarr v3 array may take on disk, from its metadata (None when it
-    does not say)."""
-    try:
-        shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-        itemsize = int(np.dtype(meta["data_type"]).itemsize)
-        raw = math.prod(int(s) for s in shape) * itemsize
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return None
-    return raw + raw // 8 + _CODEC_SLACK
-
-
-class BoundedStore(LocalStore):
-    """A read-only local Zarr store whose reads are bounded: metadata at `MAX_JSON_BYTES`, a
-    chunk at what its array's metadata says one holds (`_chunk_limit`); special files and
-    symlinks leaving ``root`` refused (`check_file`)."""
-
-    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = True) -> None:
-        super().__init__(Path(root), read_only=True)
-        self._real_root = Path(root).resolve()
-        self._limits: dict[str, int | None] = {}
-
-    def with_read_only(self, read_only: bool = False) -> BoundedStore:
-        return BoundedStore(self.root)
-
-    def _limit(self, key: str) -> int | None:
-        if key == "zarr.json" or key.endswith("/zarr.json"):
-            return MAX_JSON_BYTES
-        if key.startswith("c/"):
-            array = ""
-        else:
-            array, sep, _ = key.rpartition("/c/")
-            if not sep:
-                return None
-        if array not in self._limits:
-            try:
-                meta = json.loads(read_bounded(self.root / array / "zarr.json", MAX_JSON_BYTES,
-                                               self._real_root))
-            except (OSError, ValueError, RecursionError):
-                meta = None
-            self._limits[array] = _chunk_limit(meta)
-        return self._limits[array]
-
-    def _read(self, key: str, prototype: BufferPrototype,
-              byte_range: ByteRequest | None) -> Buffer | None:
-        path = self.root / key
-        limit = self._limit(key)
-        try:
-            if limit is None:
-                limit = check_file(path, self._real_root).st_size
-            data = read_bounded(path, limit, self._real_root)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if isinstance(byte_range, RangeByteRequest):
-            data = data[byte_range.start:byte_range.end]
-        elif isinstance(byte_range, OffsetByteRequest):
-            data = data[byte_range.offset:]
-        elif isinstance(byte_range, SuffixByteRequest):
-            data = data[max(0, len(data) - byte_range.suffix):]
-        return prototype.buffer.from_bytes(data)
-
-    def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
-                 byte_range: ByteRequest | None = None) -> Buffer | None:
-        self._ensure_open_sync()
-        return self._read(key, prototype or default_buffer_prototype(), byte_range)
-
-    async def get(self, key: str, prototype: BufferPrototype | None = None,
-                  byte_range: ByteRequest | None = None) -> Buffer | None:
-        if not self._is_open:
-            await self._open()
-        return await asyncio.to_thread(self._read, key, prototype or default_buffer_prototype(),
-                                       byte_range)
-
-    async def get_partial_values(self, prototype: BufferPrototype,
-                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]
-                                 ) -> list[Buffer | None]:
-        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]

@@ -42,8 +42,9 @@ from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
+from lshdist.store.bounded import BoundedStore
 from lshdist.store.dataset import repeated_id
-from lshdist.store.files import BoundedStore, load_json, local_path
+from lshdist.store.files import load_json, local_path
 from lshdist.store.model import array_checksum, zarr_array
 
 log = logging.getLogger(__name__)

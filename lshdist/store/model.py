@@ -22,7 +22,8 @@ from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.files import BoundedStore, load_json, local_path
+from lshdist.store.bounded import BoundedStore
+from lshdist.store.files import load_json, local_path
 
 FORMAT = "lshdist-model"
 VERSION = 1

@@ -35,7 +35,7 @@ import zarr
 from lshdist.errors import FormatError
 from lshdist.index.payload import DensePayload
 from lshdist.index.subspace import Group, Round
-from lshdist.store.files import BoundedStore
+from lshdist.store.bounded import BoundedStore
 from lshdist.store.model import array_checksum, zarr_array
 
 METHOD = "subspace"

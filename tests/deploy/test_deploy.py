@@ -14,8 +14,8 @@ systemd units parsed and pointing at jobs/daily_append.py; ``--cluster kubernete
 $DASK_SCHEDULER_ADDRESS (a local scheduler here).
 
 Not validated here: a docker build, a Kubernetes apply (no engine, no API server on this
-machine); SLURM submissions run for real in test_slurm.py (marker slurm); the full PodSpec schema of the CRD (470 KB; only the
-required fields above and the types used are checked).
+machine); SLURM submissions run for real in test_slurm.py (marker slurm); the full PodSpec
+schema of the CRD (470 KB; only the required fields above and the types used are checked).
 """
 
 from __future__ import annotations
