@@ -11,11 +11,14 @@ of them is held out once, predicted by a metric fitted on the other rows.
    better than the prior on fold 0, the prior is kept without more fits.
 2. **Decision** (the other folds): the chosen setting is fitted once more per fold, and its
    held-out predictions are compared with the prior's over all the rows of those folds by a
-   paired test (`paired_test`): kept only if it gets `MARGIN` of the rows more right **and** an
-   exact one-sided sign test on the rows where the two disagree rejects "no better" at level
-   `LEVEL`.  Fold 0 chose the setting, so its rows are left out of this test (the best of
-   several settings on the rows that picked it is biased upwards); when a single setting was
-   scored they are counted too.
+   paired test (`paired_test`): kept only if it gets `MARGIN` of the rows more right **and** a
+   one-sided test of "no better" rejects at level `LEVEL` — the larger p-value of the exact
+   sign test on the rows where the two disagree and of the clustered McNemar test, rows that
+   are each other's nearest row being one cluster (`mutual_clusters`: rows held out in
+   different folds vote with each other).  Fold 0 chose the setting, so its rows are left out
+   of this test and out of the decision's votes (the best of several settings on the rows that
+   picked it is biased upwards, and a fold-0 row that voted for a decision row would be voted
+   for back); when a single setting was scored they count.
 3. The chosen setting is refitted on all the rows.  Otherwise the prior is the model
    (``selected: "prior"``) and a warning names both accuracies and the test's counts.
 
@@ -66,9 +69,9 @@ log = logging.getLogger(__name__)
 #: a point of 1-NN accuracy) to be kept; a later grid setting must beat the one kept so far by
 #: as much on the ranking fold
 MARGIN = 0.005
-#: one-sided level of the exact sign test on the held-out rows where the learned metric and the
-#: prior disagree (the probability of keeping a metric no better than the prior, before the
-#: margin and the ranking fold's check make it smaller; measured in docs/metric-selection.md)
+#: one-sided level of the paired test on the held-out rows (`paired_test`): the probability of
+#: keeping a metric no better than the prior, before the margin and the ranking fold's check
+#: make it smaller (measured in docs/metric-selection.md: 3 of 100 with real fits)
 LEVEL = 0.025
 #: labelled rows held out (each once, over the folds): at most this many, stratified
 MAX_HELD_OUT = 20_000
