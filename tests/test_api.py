@@ -231,19 +231,24 @@ def test_jobs_on_a_callers_client_give_the_clis_neighbours(data_root, tmp_path, 
 
     with monkeypatch.context() as m:
         m.setattr(client_mod, "client_for", no_cluster)
+        # a fixed operating point and mode: calibration chooses hash or scan by timing, which
+        # two builds on a loaded machine need not agree on
         manifest = lshdist.build_index(tmp_path / "train", tmp_path / "model",
-                                       tmp_path / "index", client=client, segment_rows=8000)
+                                       tmp_path / "index", client=client, segment_rows=8000,
+                                       permutations=16, window=8, hamming_keep=40)
         ran = lshdist.query_index(tmp_path / "index", tmp_path / "test", tmp_path / "api",
-                                  k=10, client=client)
+                                  k=10, client=client, mode="hash")
     assert manifest["rows"] == 16000 and len(manifest["segments"]) == 2
     assert ran["queries"] == 4000 and client.status == "running"
     assert len(client.scheduler_info()["workers"]) == 2
 
     assert main(["index", "--data", str(tmp_path / "train"), "--model",
                  str(tmp_path / "model"), "--out", str(tmp_path / "index-cli"),
-                 "--segment-rows", "8000", "--in-process"]) == 0
+                 "--segment-rows", "8000", "--permutations", "16", "--window", "8",
+                 "--hamming-keep", "40", "--in-process"]) == 0
     assert main(["query", "--index", str(tmp_path / "index-cli"), "--queries",
-                 str(tmp_path / "test"), "--out", str(tmp_path / "cli"), "--in-process"]) == 0
+                 str(tmp_path / "test"), "--out", str(tmp_path / "cli"), "--mode", "hash",
+                 "--in-process"]) == 0
 
     api = lshdist.read_results(tmp_path / "api")
     cli = lshdist.read_results(tmp_path / "cli")
