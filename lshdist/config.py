@@ -269,7 +269,8 @@ class LearnConfig(Section):
     prior: str = opt("identity", _choice("identity", "inverse-covariance"), "explicit: prior A0")
     seed: int = opt(0, SEED, "seed of the constraints and the basis")
     validation: float = opt(0.2, _float(0.0, 0.5),
-                            "fraction of the labelled rows held out (stratified, at most 2000) to "
+                            "metric selection: round(1/validation) stratified folds (2 to 10) "
+                            "over the labelled rows (at most 20,000), each held out once to "
                             "compare the learned metric with the prior")
     validation_k: int = opt(10, POSITIVE, "held-out k-NN accuracy is reported at k=1 and this k")
     no_search: bool = opt(False, _flag(), "fit the given ITML setting only (no grid search)")

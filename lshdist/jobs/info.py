@@ -41,8 +41,11 @@ def describe_model(path: Path) -> dict[str, Any]:
             return ", ".join(f"{k}-NN {100 * v:.2f}%" for k, v in a.items())
 
         out["selected"] = f"{sel['selected']} — {sel['reason']}"
-        out["validation"] = (f"held-out {sel['n_validation']} rows (grid fitted on the other "
-                             f"{sel['n_train']}): prior {acc(sel['prior_accuracy'])}; learned "
+        folds = sel.get("folds")
+        how = (f"{folds} folds, the grid ranked on {sel.get('ranking_rows')} rows" if folds
+               else f"grid fitted on the other {sel['n_train']}")
+        out["validation"] = (f"held-out {sel['n_validation']} rows ({how}): prior "
+                             f"{acc(sel['prior_accuracy'])}; learned "
                              f"'{sel['setting']}' {acc(sel['learned_accuracy'])}")
         out["selection_grid"] = [f"{t['name']:<14} {acc(t['accuracy'])}  ({t['seconds']:.1f}s)"
                                  for t in sel.get("trials", [])]
