@@ -703,6 +703,21 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
             "measured_recall": None if recall is None else recall.to_json()}
 
 
+def sample_answer(client: Any, homes: Sequence[str | None], segs: Sequence[Any], k: int,
+                  encode: tuple[Any, ...], search: tuple[Any, ...], stall: float
+                  ) -> np.ndarray:
+    """The merged top-``k`` ids of one sample of queries (a recall check's): `chunk_tasks`
+    with ``encode`` and ``search``, merged on a worker and returned instead of written."""
+    held = chunk_tasks(client, 0, homes, segs, k, encode, search, (tasks.merged_ids, k))
+    ((w, rest),) = held.items()
+    try:
+        for _ in _progress([w], "recall check", stall):
+            pass
+        return np.asarray(w.result())
+    finally:
+        client.cancel([w, *rest])
+
+
 def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[str | None],
              family_f: Any, stall: float) -> tuple[QueryPlan, MeasuredRecall]:
     """Measure the recall of the planned search on a seeded sample of its own queries
@@ -720,18 +735,10 @@ def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[
     t0 = time.perf_counter()
 
     def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
-        held = chunk_tasks(client, 0, homes, segs, cfg.k,
-                           (tasks.encode_query_rows, str(qds.path), rows, family_f,
-                            mode != "scan"),
-                           (tasks.search_segment, cfg.k, mode, op),
-                           (tasks.merged_ids, cfg.k))
-        ((w, rest),) = held.items()
-        try:
-            for _ in _progress([w], "recall check", stall):
-                pass
-            return np.asarray(w.result())
-        finally:
-            client.cancel([w, *rest])
+        return sample_answer(client, homes, segs, cfg.k,
+                             (tasks.encode_query_rows, str(qds.path), rows, family_f,
+                              mode != "scan"),
+                             (tasks.search_segment, cfg.k, mode, op), stall)
 
     def measure(op: tuple[int, int, int] | None, estimate: float | None) -> MeasuredRecall:
         if not truth:

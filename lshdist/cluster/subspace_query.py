@@ -32,6 +32,7 @@ from lshdist.cluster.pipeline import (
     check_query_inputs,
     chunk_tasks,
     query_chunks,
+    sample_answer,
     spread,
     windowed,
 )
@@ -308,18 +309,10 @@ def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[st
     truth: list[np.ndarray] = []
 
     def answer(mode: str, n_probe: int, n_candidates: int) -> np.ndarray:
-        held = chunk_tasks(client, 0, where, segs, k,
-                           (route_rows, str(qds.path), rows, metric_f, router_f, sizes, k,
-                            n_probe),
-                           (search_group_task, k, n_candidates, mode),
-                           (tasks.merged_ids, k))
-        ((w, rest),) = held.items()
-        try:
-            for _ in _progress([w], "recall check", stall):
-                pass
-            return np.asarray(w.result())
-        finally:
-            client.cancel([w, *rest])
+        return sample_answer(client, where, segs, k,
+                             (route_rows, str(qds.path), rows, metric_f, router_f, sizes, k,
+                              n_probe),
+                             (search_group_task, k, n_candidates, mode), stall)
 
     def measure(point: tuple[int, int], estimate: float | None) -> MeasuredRecall:
         if not truth:
