@@ -51,7 +51,14 @@ from lshdist.index.searcher import permutation_seed
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_output, os_error
 from lshdist.store.dataset import Dataset
-from lshdist.store.index import FORMAT, index_lock, new_segment_name, read_manifest, write_manifest
+from lshdist.store.index import (
+    EH_HASH_VERSION,
+    FORMAT,
+    index_lock,
+    new_segment_name,
+    read_manifest,
+    write_manifest,
+)
 from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
@@ -150,7 +157,8 @@ def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
                       samples=cfg.eh_samples)  # refuses odd bits for H-Hash, here
     plan.lists = cfg.permutations
     plan.manifest.update(
-        family={"name": name, "samples": cfg.eh_samples}, learned=False,
+        family={"name": name, "samples": cfg.eh_samples,
+                **({"version": EH_HASH_VERSION} if name == "eh-hash" else {})}, learned=False,
         permutations=cfg.permutations, epsilon=cfg.epsilon,
         window=cfg.window or DEFAULT_WINDOW, hamming_keep=cfg.hamming_keep or 0)
     return plan

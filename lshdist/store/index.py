@@ -104,6 +104,10 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "checksum": (_STR, "a sha256 hex digest"),
 }
 #: optional manifest fields
+#: the EH-Hash definition an eh-hash index's keys were made with (2: the symmetric
+#: counter-based U of `lshdist._kernels.ehhash`); an index of another is refused
+EH_HASH_VERSION = 2
+
 _OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
     # labels of the appends that landed (`lshdist index --append --batch`, a day of
     # jobs/daily_append.py): an append whose label is here adds nothing
@@ -450,12 +454,17 @@ def _check_manifest(meta: dict[str, Any], path: Path) -> None:
         raise FormatError(f"{where}: batches={batches!r} is not {_OPTIONAL['batches'][1]}, "
                           f"each once; {_REBUILD}")
     fam = meta.get("family")
-    if fam is not None and (set(fam) != {"name", "samples"}
+    if fam is not None and (not {"name", "samples"} <= set(fam) <= {"name", "samples", "version"}
                             or fam["name"] not in ("h-hash", "eh-hash")
                             or not (fam["samples"] is None or (type(fam["samples"]) is int
                                                                and fam["samples"] >= 1))):
         raise FormatError(f"{where}: family={fam!r} is not {_OPTIONAL['family'][1]}; "
                           f"{_REBUILD}")
+    if fam is not None and fam["name"] == "eh-hash" and fam.get("version") != EH_HASH_VERSION:
+        raise FormatError(f"{where}: an eh-hash index built by an earlier lshdist, whose EH-Hash "
+                          "drew its Gaussian matrix differently: its keys do not match this "
+                          "version's query hashing, so its answers would be wrong; rebuild it "
+                          "with `lshdist index --family eh-hash`")
     bad = [k for k, lo in (("d", 1), ("bits", 1), ("window", 1), ("hamming_keep", 0),
                            ("rows", 0)) if meta[k] < lo]
     if meta["permutations"] is not None and meta["permutations"] < 1:

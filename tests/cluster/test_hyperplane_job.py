@@ -51,7 +51,9 @@ def test_distributed_equals_one_process_per_segment_and_merge(job, tmp_path, fam
     root, X, ids, W = job
     assert _build(root, family, tmp_path / "idx") == 0
     m = read_manifest(tmp_path / "idx")
-    assert m["family"] == {"name": family, "samples": None} and len(m["segments"]) == 3
+    assert m["family"] == {"name": family, "samples": None,
+                           **({"version": 2} if family == "eh-hash" else {})}
+    assert len(m["segments"]) == 3
     k = 6
     assert main(["query", "--index", str(tmp_path / "idx"), "--hyperplanes", str(root / "W.npy"),
                  "--k", str(k), "--out", str(tmp_path / "res"), *CLUSTER]) == 0
@@ -194,3 +196,26 @@ def test_hyperplane_queries_measure_their_recall_and_keep_a_target(job, tmp_path
     assert main([*common, "--out", str(tmp_path / "bad"), "--mode", "hash",
                  "--target-recall", "0.9"]) == 2
     assert "it needs --mode auto, not hash" in capsys.readouterr().err
+
+
+def test_an_eh_hash_index_of_the_earlier_definition_is_refused(job, tmp_path, capsys):
+    """EH-Hash's Gaussian matrix is drawn differently since version 2 of the family: an index
+    built before (no version in its family record) would be searched with keys that do not
+    match; it is refused with the fix, not answered."""
+    import json
+
+    from lshdist.store.index import manifest_checksum
+
+    root, *_ = job
+    assert _build(root, "eh-hash", tmp_path / "idx") == 0
+    m = read_manifest(tmp_path / "idx")
+    del m["family"]["version"]
+    m.pop("checksum")
+    m["checksum"] = manifest_checksum(m)  # sealed as the earlier lshdist wrote it
+    (tmp_path / "idx" / "index.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["query", "--index", str(tmp_path / "idx"), "--hyperplanes",
+                 str(root / "W.npy"), "--out", str(tmp_path / "r"), *CLUSTER]) == 2
+    err = capsys.readouterr().err
+    assert "an eh-hash index built by an earlier lshdist" in err and "rebuild it" in err
+    assert not (tmp_path / "r").exists()
