@@ -431,7 +431,8 @@ class QueryConfig(Section):
                              "in results.json and `lshdist info`), and with --mode auto, where it "
                              "falls short of the target, calibrate again on the queries or answer "
                              "by the scan; --no-check-recall trusts the calibration's estimate")
-    query_chunk: int = opt(10_000, POSITIVE, "at most this many queries per task (a shard of "
+    query_chunk: int = opt(10_000, POSITIVE, "at most this many queries per task, fewer for a "
+                           "large k (a segment's partial answer kept under 16 MiB; a shard of "
                            "the queries is split into equal pieces; with two chunks in flight "
                            "per worker, this bounds the query memory)", metavar="n")
     probe: int | None = opt(None, _optional(POSITIVE),

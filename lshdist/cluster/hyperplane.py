@@ -29,6 +29,7 @@ from lshdist.cluster.pipeline import (
     _progress,
     _remove_segments,
     _with_segments,
+    chunk_rows,
     index_model_meta,
     load_segments,
     plan_build,
@@ -321,7 +322,8 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
             # a dataset's chunks never straddle its shards (`query_chunks`)
             bounds = ([0, plan.n] if array else [int(x) for x in
                                                  Dataset(str(plan.source)).shard_bounds])
-            for c, (a, b) in enumerate(query_chunks(bounds, cfg.query_chunk)):
+            for c, (a, b) in enumerate(query_chunks(bounds,
+                                                    chunk_rows(cfg.query_chunk, cfg.k))):
                 enc = client.submit(encode_chunk, plan.source[a:b] if array else plan.source,
                                     a, b, None if plan.ids is None else plan.ids[a:b],
                                     family_f, pure=False, retries=2)

@@ -67,6 +67,19 @@ def segment_shards(bounds: Sequence[int], segment_rows: int) -> list[tuple[int, 
     return out
 
 
+#: the bytes of one segment's partial answer to one query chunk (float32 distances and int64
+#: ids, k a query) that `chunk_rows` keeps a chunk under: at k = 1,000 a 10,000-query chunk's
+#: partials took 120 MB a segment, and 20,000 queries peaked at 1.5-3x the memory of 2,000
+PARTIAL_BYTES = 16 * 2**20
+
+
+def chunk_rows(chunk: int, k: int) -> int:
+    """Queries per task: ``chunk`` (``--query-chunk``), fewer where k is large enough that a
+    segment's partial answer would exceed `PARTIAL_BYTES` (k >= 140 at the default chunk), so
+    that the query memory does not grow with k x the chunk."""
+    return int(max(1, min(chunk, PARTIAL_BYTES // (12 * max(int(k), 1)))))
+
+
 def query_chunks(bounds: Sequence[int], chunk: int) -> list[tuple[int, int]]:
     """Row ranges ``(start, stop)`` of the query tasks: every shard (``bounds``: the first row
     of each shard, then N) split into the fewest nearly equal pieces of at most ``chunk`` rows.
@@ -684,7 +697,7 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
         plan, recall = _checked(client, plan, segs, homes, family_f, stall)
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
     window = in_flight or 2 * n_workers
-    chunks = query_chunks(qds.shard_bounds.tolist(), cfg.query_chunk)
+    chunks = query_chunks(qds.shard_bounds.tolist(), chunk_rows(cfg.query_chunk, cfg.k))
     try:
         op = None if plan.op is None else dict(zip(("permutations", "window", "hamming_keep"),
                                                    plan.op))

@@ -30,6 +30,7 @@ from lshdist.cluster import tasks
 from lshdist.cluster.pipeline import (
     _progress,
     check_query_inputs,
+    chunk_rows,
     chunk_tasks,
     query_chunks,
     sample_answer,
@@ -221,7 +222,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
             for e, w in zip(entries, where)]
     sizes = np.asarray(m["subspace"]["group_sizes"], np.int64)
     window = in_flight or 2 * max(1, len(workers))
-    chunks = query_chunks(qds.shard_bounds.tolist(), cfg.query_chunk)
+    chunks = query_chunks(qds.shard_bounds.tolist(), chunk_rows(cfg.query_chunk, cfg.k))
     held: dict[Any, list[Any]] = {}
     reason = ("the index's own parameters" if plan.mode == "hash"
               else "asked for (--mode scan): every group by the exact scan")

@@ -91,3 +91,17 @@ def test_partials_merged_per_worker_then_together_equal_one_merge():
         assert np.array_equal(whole[0], got[0]) and np.array_equal(whole[1], got[1]), trial
         assert np.array_equal(np.sum([g[2] for g in groups], axis=0),
                               np.sum([p[2] for p in parts], axis=0))
+
+
+def test_query_chunks_shrink_with_k():
+    """A segment's partial answer to a chunk (12 bytes a neighbour) stays under PARTIAL_BYTES:
+    k = 10 and 100 keep the default 10,000-query chunk, k = 1,000 takes 1,398, k = 10^6 one
+    query; the chunk asked for is never exceeded."""
+    from lshdist.cluster.pipeline import PARTIAL_BYTES, chunk_rows
+
+    assert chunk_rows(10_000, 10) == chunk_rows(10_000, 100) == 10_000
+    assert chunk_rows(10_000, 1_000) == PARTIAL_BYTES // 12_000 == 1_398
+    assert chunk_rows(10_000, 10**6) == 1
+    assert chunk_rows(500, 1_000) == 500
+    for k in (1, 7, 140, 1_000, 5_000):
+        assert chunk_rows(10**6, k) * k * 12 <= PARTIAL_BYTES
