@@ -161,3 +161,37 @@ def test_bulk_scan_seconds_fits_a_fixed_cost_and_a_cost_per_query():
     # noise (the half run slower than the full one): never above the measured time per query
     assert bulk_seconds(2.0, 200, 2.5, 100, 10_000) == pytest.approx(0.0025)
     assert bulk_seconds(2.0, 200, 0.5, 100, 10_000) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("learned", [True, False])
+def test_calibration_charges_the_hashed_search_for_hashing_its_queries(monkeypatch, learned):
+    """The hashed search pays for the queries' keys, the scan does not: calibration adds that
+    time to the hashed search's, for the learned implicit (kernel) family too — left out once,
+    which made auto choose a hashed search 3x slower than the scan on a news corpus."""
+    import lshdist.index.searcher as searcher
+    from lshdist.hashing.families import family_for
+    from lshdist.index.permutation import PermutationIndex
+    from lshdist.metric.itml import KernelITML
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 12)).astype(np.float32)
+    y = rng.integers(0, 3, 400)
+    X[:, 0] += 3 * y
+    metric = KernelITML(n_basis=20, n_constraints=300, seed=1).fit(X, y).metric()
+    family = family_for(metric, bits=64, seed=0, learned=learned)
+    codes, payload = searcher.encode(metric, family, X)
+    index = PermutationIndex(n_permutations=8, seed=0).fit(codes, 64, payload)
+    seen = {}
+
+    def fake_calibrate(*args, hash_overhead, **kw):
+        seen["overhead"] = hash_overhead
+        raise RuntimeError("stop")
+
+    calls = []
+    real = type(family).hash_with if learned else type(family).hash
+    monkeypatch.setattr(type(family), "hash_with" if learned else "hash",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    monkeypatch.setattr(searcher, "calibrate", fake_calibrate)
+    with pytest.raises(RuntimeError, match="stop"):
+        searcher.calibrate_index(index, metric, family, X, k=5, target=0.9, seed=0, fixed={})
+    assert seen["overhead"] > 0 and len(calls) >= 2  # the encoding's, and the timed one
