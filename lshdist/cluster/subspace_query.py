@@ -287,10 +287,8 @@ SCAN_SHARE = 0.5
 
 
 def _as_scan(plan: SubspaceQueryPlan) -> SubspaceQueryPlan:
-    from dataclasses import replace as with_
-
     sizes = plan.manifest["subspace"]["group_sizes"]
-    return with_(plan, mode="scan", n_probe=len(plan.manifest["segments"]),
+    return replace(plan, mode="scan", n_probe=len(plan.manifest["segments"]),
                  n_candidates=max(sizes))
 
 

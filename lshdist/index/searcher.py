@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lshdist.blocks import RowsLike, as_block, n_rows, take_rows
+from lshdist.blocks import Block, RowsLike, as_block, n_rows, take_rows
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import (
@@ -49,18 +49,31 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     more than the scan's own product."""
     B = metric.check(as_block(X))
     check_finite(B, name="the queries (Xq)" if query else "the rows (X)")
-    kx = None
-    if isinstance(metric, ImplicitMetric) and not metric.is_identity:
-        kx = metric.kernel_values(B)
+    kx = kernel_values(metric, B)
     if not hashed:
         return (np.zeros((n_rows(B), 0), np.uint64),
                 make_payload(metric, B, query=query, kx=kx))
-    if isinstance(family, LearnedImplicit):
-        codes = family.hash_with(B, kx)
-    else:
-        codes = family.hash(B, n_threads=n_threads)
+    codes = hash_rows(family, B, kx, n_threads)
     payload: RerankPayload = make_payload(metric, B, query=query, kx=kx)
     return codes, payload
+
+
+def kernel_values(metric: Metric, B: Block) -> np.ndarray | None:
+    """The kernel values of checked rows ``B`` against a learned implicit metric's basis
+    (what its keys and its re-rank payload both read); None for other metrics."""
+    if isinstance(metric, ImplicitMetric) and not metric.is_identity:
+        return metric.kernel_values(B)
+    return None
+
+
+def hash_rows(family: HashFamily, B: Block, kx: np.ndarray | None, n_threads: int = 1
+              ) -> np.ndarray:
+    """Keys of checked rows ``B`` (``kx``: their `kernel_values`, which the learned implicit
+    family adds to its own Gaussian projections of the rows) — the work a hashed search does
+    and the exact scan does not; the one place both `encode` and the timings call."""
+    if isinstance(family, LearnedImplicit):
+        return family.hash_with(B, kx)
+    return family.hash(B, n_threads=n_threads)
 
 
 def answer(index: PermutationIndex | PackedSegment, qcodes: np.ndarray,
@@ -139,13 +152,9 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
     # once left out: on Reuters R52 (6,533 documents, kernel ITML) auto chose a hashed search
     # "1.6x faster than the scan" that ran 3x slower than it
     B = metric.check(as_block(Xq))
-    kx = (metric.kernel_values(B) if isinstance(metric, ImplicitMetric)
-          and not metric.is_identity else None)
+    kx = kernel_values(metric, B)
     t0 = time.perf_counter()
-    if isinstance(family, LearnedImplicit):
-        family.hash_with(B, kx)
-    else:
-        family.hash(Xq)
+    hash_rows(family, B, kx)
     hash_overhead = (time.perf_counter() - t0) / len(qrows)
     m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
     return calibrate(index, qrows, qcodes, qpayload, k=k, target=target,
