@@ -153,19 +153,14 @@ def slurm(tmp_path_factory):
     r = subprocess.run(["bash", str(SLURM / "local-cluster.sh"), "up", str(d)],
                        capture_output=True, text=True, timeout=600)
     up = time.perf_counter() - t0
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "LSHDIST_VENV")}
     try:
         assert r.returncode == 0, f"local-cluster.sh up failed: {r.stderr}{r.stdout}"
         print(f"\nlocal-cluster.sh up: {up:.1f}s")
-        os.environ["SLURM_CONF"] = str(d / "slurm.conf")
-        os.environ["LSHDIST_VENV"] = str(BIN.parent)
-        yield d
+        with pytest.MonkeyPatch.context() as env:  # restored when the session ends
+            env.setenv("SLURM_CONF", str(d / "slurm.conf"))
+            env.setenv("LSHDIST_VENV", str(BIN.parent))
+            yield d
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         subprocess.run(["bash", str(SLURM / "local-cluster.sh"), "down", str(d)],
                        capture_output=True, text=True, timeout=120)
         left = [p for p in ("munged", "slurmctld", "slurmd") if (d / f"{p}.pid").exists()]

@@ -79,24 +79,29 @@ def test_hhash_definition():
     np.testing.assert_allclose(fam.project_queries(W), expect, rtol=1e-6)
 
 
+def _eh_collisions(pairs, *, d: int, seeds: int) -> np.ndarray:
+    """The measured collision rate of EH-Hash at each (point, normal) pair of ``pairs``
+    (4,096 functions a seed), checked against arccos(cos^2 theta)/pi at `THETAS` within 4
+    standard errors; returns the rates."""
+    hits = np.zeros(len(pairs))
+    for seed in range(seeds):
+        fam = EHHash(d=d, bits=4096, seed=seed)
+        for a, (x, w) in enumerate(pairs):
+            hits[a] += (_bits(fam.project(x)[0]) == _bits(fam.project_queries(w)[0])).sum()
+    measured = hits / (4096 * seeds)
+    expect = ehhash_collision(THETAS)
+    se = np.sqrt(expect * (1 - expect) / (4096 * seeds))
+    assert np.all(np.abs(measured - expect) < 4 * se), (measured, expect)
+    return measured
+
+
 def test_ehhash_collision_probability_matches_paper():
     """Pr = arccos(cos^2 theta)/pi (the paper's arccos(sin^2 theta')/pi, theta' the angle to
     the hyperplane), 16,384 functions, 7 angles, 4 standard errors.  Bugs caught: the query
     side not negated (Pr = 1 - arccos(cos^2)/pi: largest far from the hyperplane), w^T U x
     instead of w^T U w (a linear, not quadratic, embedding: Pr = 1 - theta/pi)."""
     rng = np.random.default_rng(1)
-    pairs = [_pair(t, 8, rng) for t in THETAS]
-    hits = np.zeros(len(THETAS))
-    n_functions = 0
-    for seed in range(4):
-        fam = EHHash(d=8, bits=4096, seed=seed)
-        for a, (x, w) in enumerate(pairs):
-            hits[a] += (_bits(fam.project(x)[0]) == _bits(fam.project_queries(w)[0])).sum()
-        n_functions += 4096
-    measured = hits / n_functions
-    expect = ehhash_collision(THETAS)
-    se = np.sqrt(expect * (1 - expect) / n_functions)
-    assert np.all(np.abs(measured - expect) < 4 * se), (measured, expect)
+    measured = _eh_collisions([_pair(t, 8, rng) for t in THETAS], d=8, seeds=4)
     assert measured.argmax() == 3
 
 
@@ -263,18 +268,7 @@ def test_ehhash_collision_probability_on_sparse_rows():
     caught here -- planted, 40 spread nonzeros barely move Pr -- the kernel's quadratic-form
     test catches it.)"""
     rng = np.random.default_rng(11)
-    pairs = [_sparse_pair(t, 40, rng) for t in THETAS]
-    hits = np.zeros(len(THETAS))
-    n_functions = 0
-    for seed in range(2):
-        fam = EHHash(d=1, bits=4096, seed=seed)
-        for a, (x, w) in enumerate(pairs):
-            hits[a] += (_bits(fam.project(x)[0]) == _bits(fam.project_queries(w)[0])).sum()
-        n_functions += 4096
-    measured = hits / n_functions
-    expect = ehhash_collision(THETAS)
-    se = np.sqrt(expect * (1 - expect) / n_functions)
-    assert np.all(np.abs(measured - expect) < 4 * se), (measured, expect)
+    _eh_collisions([_sparse_pair(t, 40, rng) for t in THETAS], d=1, seeds=2)
 
 
 def test_ehhash_threads_and_chunks_give_the_same_keys(monkeypatch, caplog):
