@@ -503,13 +503,13 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     re-ranked per query over all segments (`pooled_points`) — exactly, for the sample, with
     no assumption that the segments are alike.  A true neighbour is usually among the first
     few of its own segment, so every segment searches less than for its own recall@k.
-    Windows double while no point reaches the target, as in `calibrate`."""
+    Windows widen while no point reaches the target (`widen_windows`, as in `calibrate`)."""
     from lshdist.index.calibrate import (
-        MAX_WINDOW,
         grid_axes,
         merged_relevance,
         pooled_points,
         recall_margin,
+        widen_windows,
     )
 
     if n_parts < 2:
@@ -535,27 +535,27 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
                            None if not w else [int(w)], None if h is None else [int(h)])
     counts = np.sum([m.sum(axis=0) for m in masks], axis=0).astype(np.float64)
     Q = flat[0][0].shape[0]
-    need = min(target + recall_margin(target, Q), 1.0)
     per_seg, i = [], 0
     for seg in parts:
         per_seg.append(masks[i: i + len(seg)])
         i += len(seg)
-    while True:
+
+    def measure(ws: list[int]) -> list[Any]:
         grids = [client.submit(tasks.segment_grid, seg, sample_f, family_f, k,
                                [p[1] for p in seg_parts], seg_masks, ms, ws, hs, pure=False,
                                retries=2)
                  for seg, seg_parts, seg_masks in zip(segments, parts, per_seg)]
-        held += grids
+        held.extend(grids)
         for _ in _progress(grids, "calibrate", stall):
             pass
-        points = pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs,
-                               parts=len(flat))
-        if (fixed.get("window") or max(ws) >= MAX_WINDOW
-                or any(p.recall >= need for p in points)):
-            # the first segment is the one calibrated (timed): its scan was timed above
-            scan = next((p[3] for p in parts[0] if p[3] is not None), None)
-            return points, int(counts.sum()), [float(w) for w in weights], scan
-        ws = [*ws, 2 * max(ws)]
+        return pooled_points([f.result() for f in grids], counts, Q, n_rows, ms, ws, hs,
+                             parts=len(flat))
+
+    points, _ = widen_windows(measure, ws, target, recall_margin(target, Q),
+                              fixed=bool(fixed.get("window")))
+    # the first segment is the one calibrated (timed): its scan was timed above
+    scan = next((p[3] for p in parts[0] if p[3] is not None), None)
+    return points, int(counts.sum()), [float(w) for w in weights], scan
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,

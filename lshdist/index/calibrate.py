@@ -349,12 +349,43 @@ def recall_margin(target: float, n_queries: int) -> float:
     return float(np.sqrt(target * (1.0 - target) / max(n_queries, 1)))
 
 
+def widen_windows(measure: Callable[[list[int]], list[Point]], ws: Sequence[int],
+                  target: float, margin: float, *, fixed: bool,
+                  points: list[Point] | None = None) -> tuple[list[Point], list[int]]:
+    """The grid measured over windows ``ws`` (``measure(ws)``: its points), the largest window
+    doubled and the grid measured again while no point reaches ``target + margin`` (capped at
+    1), up to `MAX_WINDOW`; ``fixed``: the user gave W, which is never widened.  ``points``:
+    the grid already measured over ``ws`` (not measured again).  Returns the last grid and
+    its windows.  A larger database needs wider windows for the same recall (its lists hold
+    more rows between a query and its neighbours); the grid alone cannot say how wide, so
+    every calibration (`calibrate`, the merged grid of a segmented index) widens here."""
+    _check_target(target)
+    ws = list(ws)
+    if points is None:
+        points = measure(ws)
+    while not fixed and max(ws) < MAX_WINDOW and not reaches(points, target, margin):
+        ws = [*ws, 2 * max(ws)]
+        points = measure(ws)
+    return points, ws
+
+
+def _check_target(target: float) -> None:
+    if not 0 < target <= 1:
+        raise InputError(f"target recall {target}: must be in (0, 1]")
+
+
+def reaches(points: Sequence[Point], target: float, margin: float = 0.0) -> bool:
+    """Whether any point's recall reaches ``target + margin`` (capped at 1): the condition
+    under which `choose_point` chooses one."""
+    need = min(target + margin, 1.0)
+    return any(p.recall >= need for p in points)
+
+
 def choose_point(points: Sequence[Point], target: float, width: float,
                  margin: float = 0.0) -> Point | None:
     """The cheapest point (`Point.cost`; ties to fewer lists, smaller W and H) whose recall
     reaches ``target + margin`` (capped at 1); None if none does.  Pure and deterministic."""
-    if not 0 < target <= 1:
-        raise InputError(f"target recall {target}: must be in (0, 1]")
+    _check_target(target)
     need = min(target + margin, 1.0)
     ok = [p for p in points if p.recall >= need]
     if not ok:
@@ -536,19 +567,19 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         return grid_counts(index, qcodes[idx], truth[idx], qrows[idx],
                            np.ones((len(idx), ks), bool), ms, ws, hs, n_threads)
 
-    stats: list[tuple[np.ndarray, np.ndarray]]  # the grid counts of the stages used
-    while merged is None:
-        stats = [counted(order[:n])]
-        grid = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
-        # a larger database needs wider windows for the same recall (the lists hold more
-        # rows between a query and its neighbours): when no point of the grid reaches the
-        # target (by the margin of the whole sample: a staged sample may still grow), the
-        # windows are doubled, up to MAX_WINDOW (not when W was given)
-        if (windows is not None or max(ws) >= MAX_WINDOW
-                or choose_point(grid, target, width, recall_margin(target, Q)) is not None):
-            points = grid
-            break
-        ws = [*ws, 2 * max(ws)]
+    stats: list[tuple[np.ndarray, np.ndarray]] = []  # the grid counts of the stages used
+
+    def measure(widths: list[int]) -> list[Point]:
+        """The grid of the first ``n`` queries of the sample over windows ``widths``."""
+        nonlocal ws
+        ws = widths
+        stats[:] = [counted(order[:n])]
+        return pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
+
+    if merged is None:
+        # by the margin of the whole sample: a staged sample may still grow
+        points, ws = widen_windows(measure, ws, target, recall_margin(target, Q),
+                                   fixed=windows is not None)
     stages, why = [n], ""
     while staged and n < Q:
         # every larger size the sample could take (doubling, up to all of it), the one of
@@ -567,12 +598,10 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
         points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
         stages.append(n)
     # pooled over the stages, the sample's recalls may fall short of the target by the
-    # margin of the queries used: the windows are doubled as for the first stage
-    while (merged is None and windows is None and max(ws) < MAX_WINDOW and n > stages[0]
-           and choose_point(points, target, width, recall_margin(target, n)) is None):
-        ws = [*ws, 2 * max(ws)]
-        stats = [counted(order[:n])]
-        points = pooled_points(stats, np.full(ks, float(n)), n, N, ms, ws, hs)
+    # margin of the queries used: the windows are widened as for the first stage
+    if merged is None and n > stages[0]:
+        points, ws = widen_windows(measure, ws, target, recall_margin(target, n),
+                                   fixed=windows is not None, points=points)
     measured = int(merged[1]) if merged is not None else n * ks
     used = order[:n]
     # one standard error (at most) of the recall averaged over the sample's queries

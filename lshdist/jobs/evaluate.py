@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             data = measure_tradeoff(  # the trade-off curves and the b sweep, measured
                 X_train, y_train, X_test, y_test, metrics=(("L2", l2, False), ("ML", ml, True)),
                 bits=settings.bits, bits_values=args.sweep_bits, k=min(args.k),
-                target=settings.target_recall or 0.9, recall_k=args.recall_k or 10,
+                target=index_cfg.target_recall, recall_k=args.recall_k or 10,
                 seed=settings.seed, n_classes=n_classes, n_threads=args.threads)
             (tmp / "tradeoff.json").write_text(json.dumps(data, indent=2))
             write_plots(data, tmp)

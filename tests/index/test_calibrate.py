@@ -18,6 +18,7 @@ from lshdist.index.calibrate import (
     extend_sample,
     query_sample_size,
     recall_margin,
+    widen_windows,
 )
 from lshdist.index.scan import scan_topk
 from lshdist.index.searcher import MetricIndex, encode
@@ -640,3 +641,32 @@ def test_staged_calibration_adds_up_to_the_whole_sample(monkeypatch):
     # the first stage is a random subset of the sample, not its first rows
     first = calibrate(ix.index_, qrows[:100], qc[:100], qp.take(slice(0, 100)), **args)
     assert [p.recall for p in first.points] != [p.recall for p in small[0].points]
+
+
+def test_windows_widen_until_a_point_reaches_the_target_by_the_margin():
+    """One widening rule for every calibration: the largest window doubles while no point
+    reaches target + margin, stops at the first grid that does, at MAX_WINDOW (256), and never
+    when W was given.  Planted bugs it catches: widening once too often (checking before
+    measuring), ignoring the margin, or widening a fixed W."""
+    asked: list[list[int]] = []
+
+    def measure(ws: list[int]) -> list[Point]:
+        asked.append(ws)  # recall grows with the widest window: 0.9 is reached at W=64
+        return [Point(8, w, 0, min(0.99, 0.8 + w / 640), 10.0, 0.01) for w in ws]
+
+    points, ws = widen_windows(measure, [1, 2, 4, 16], 0.88, 0.02, fixed=False)
+    assert asked == [[1, 2, 4, 16], [1, 2, 4, 16, 32], [1, 2, 4, 16, 32, 64]]
+    assert ws == [1, 2, 4, 16, 32, 64] and max(p.recall for p in points) == pytest.approx(0.9)
+    asked.clear()
+    _, ws = widen_windows(measure, [1, 2], 1.0, 0.0, fixed=False)  # never reached: up to 256
+    assert ws[-1] == 256 and len(asked) == 8
+    asked.clear()
+    _, ws = widen_windows(measure, [4], 0.99, 0.0, fixed=True)
+    assert asked == [[4]] and ws == [4]
+    asked.clear()
+    given = measure([1, 2])
+    asked.clear()
+    widen_windows(measure, [1, 2], 0.5, 0.0, fixed=False, points=given)
+    assert asked == []  # the grid given is not measured again
+    with pytest.raises(InputError, match=r"target recall 1.5: must be in \(0, 1\]"):
+        widen_windows(measure, [1], 1.5, 0.0, fixed=False)
