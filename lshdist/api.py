@@ -25,11 +25,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from lshdist.config import (
+    KNN_MODES,
     ClusterConfig,
     IndexConfig,
     LearnConfig,
     QueryConfig,
     Section,
+    check_mode,
     from_mapping,
 )
 from lshdist.errors import InputError, NotFittedError
@@ -336,8 +338,7 @@ class MetricIndex:
             raise InputError(f"n_neighbors={n_neighbors}, but the index holds "
                              f"{self.n_samples_fit_} rows: ask for at most "
                              f"{self.n_samples_fit_}")
-        if mode not in ("auto", "hash", "scan"):
-            raise InputError(f"mode={mode!r}; choose one of ['auto', 'hash', 'scan']")
+        check_mode(mode, KNN_MODES)
         from lshdist.blocks import as_block
 
         dist, ids = index.query(as_block(local_rows(X)), int(n_neighbors), mode=mode,

@@ -223,6 +223,21 @@ POSITIVE_FLOAT = _float()
 INT_LIST = _int_list()
 #: where a Dask job runs (`ClusterConfig.kind`)
 CLUSTER_KINDS = ("local", "slurm", "kubernetes")
+#: how a k-NN index answers: its hashed search at an operating point, or the exact scan
+SEARCH_MODES = ("hash", "scan")
+#: what a k-NN query may ask for: "auto" is the mode the index's calibration chose
+KNN_MODES = ("auto", *SEARCH_MODES)
+#: how a hyperplane index answers: "rank" re-ranks the keys of smallest angle score
+HYPERPLANE_MODES = ("hash", "rank", "scan")
+#: `QueryConfig.mode`: every mode some index answers in
+QUERY_MODES = (*KNN_MODES, "rank")
+
+
+def check_mode(mode: str, modes: Sequence[str]) -> str:
+    """``mode`` if it is one of ``modes``, else an `InputError` naming them."""
+    if mode not in modes:
+        raise InputError(f"mode={mode!r}; choose one of {list(modes)}")
+    return mode
 
 
 def opt(default: Any, rule: Rule, help: str, *, metavar: str | None = None,
@@ -415,7 +430,7 @@ class QueryConfig(Section):
     """Bulk queries (``lshdist query``, the ``query:`` section)."""
 
     k: int = opt(10, POSITIVE, "neighbours per query")
-    mode: str = opt("auto", _choice("auto", "hash", "scan", "rank"),
+    mode: str = opt("auto", _choice(*QUERY_MODES),
                     "auto: what the index's calibration chose (hashed, or the exact scan where "
                     "that is no slower); hash; or scan, the exact distributed linear scan; "
                     "rank (--hyperplanes only): every key's angle score, the --candidates "

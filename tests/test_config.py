@@ -105,3 +105,31 @@ def test_query_of_a_missing_index_fails_before_any_cluster(tmp_path, capsys, mon
     assert main(["index", "--data", str(tmp_path / "nope"), "--model", str(tmp_path / "m"),
                  "--out", str(tmp_path / "i")]) == 2
     assert not (tmp_path / "i").exists()
+
+
+def test_mode_names_and_their_check_have_one_home():
+    """The modes a query may ask for are config's lists; every layer checks them with
+    check_mode (one message), the one-process searcher as the query job and the API do."""
+    import numpy as np
+
+    from lshdist.config import (
+        HYPERPLANE_MODES,
+        KNN_MODES,
+        QUERY_MODES,
+        QueryConfig,
+        check_mode,
+    )
+    from lshdist.index.searcher import MetricIndex
+    from lshdist.metric.learned import ExplicitMetric
+
+    assert set(QUERY_MODES) == set(KNN_MODES) | set(HYPERPLANE_MODES)
+    assert from_mapping(QueryConfig, {"mode": "rank"}, where="query").mode == "rank"
+    with pytest.raises(InputError, match=r"mode: .*one of auto, hash, scan, rank"):
+        from_mapping(QueryConfig, {"mode": "fast"}, where="query")
+    assert check_mode("scan", KNN_MODES) == "scan"
+    with pytest.raises(InputError, match=r"mode='rank'; choose one of \['auto', 'hash', 'scan'\]"):
+        check_mode("rank", KNN_MODES)
+    X = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(4), bits=16, n_permutations=2).fit(X)
+    with pytest.raises(InputError, match=r"mode='rank'; choose one of \['auto', 'hash', 'scan'\]"):
+        ix.query(X[:3], 2, mode="rank")

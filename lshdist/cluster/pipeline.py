@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from lshdist.cluster import tasks
-from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
+from lshdist.config import KNN_MODES, ClusterConfig, IndexConfig, QueryConfig, check_mode
 from lshdist.errors import ClusterError, InputError
 from lshdist.index.calibrate import Calibration, MergedGrid
 from lshdist.index.params import resolve_permutations
 from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
-from lshdist.index.searcher import MODES, RECALIBRATE_QUERIES, calibrated_lists
+from lshdist.index.searcher import RECALIBRATE_QUERIES, calibrated_lists
 from lshdist.limits import MAX_PERMUTATIONS
 from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
 from lshdist.store.dataset import Dataset
@@ -594,8 +594,7 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
         raise InputError("--mode rank ranks hyperplane keys; it answers --hyperplanes queries "
                          "of an index built with --family h-hash or eh-hash, not k-NN queries "
                          "(use auto, hash or scan)")
-    if cfg.mode not in (*MODES, "auto"):
-        raise InputError(f"mode={cfg.mode!r}; choose one of {[*MODES, 'auto']}")
+    check_mode(cfg.mode, KNN_MODES)
     manifest = read_manifest(index)
     require_permutation(manifest, index, "this query job (use `lshdist query`)")
     given = sorted({"probe", "candidates"} & cfg.given_)

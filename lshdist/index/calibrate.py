@@ -30,6 +30,7 @@ import numpy as np
 
 from lshdist._kernels.search import candidate_hamming, candidate_recall_grid
 from lshdist.blocks import row_ranges
+from lshdist.config import SEARCH_MODES
 from lshdist.errors import FormatError, InputError
 from lshdist.index.permutation import PermutationIndex
 from lshdist.index.scan import scan_topk, will_prune
@@ -161,7 +162,7 @@ class Calibration:
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{where} is malformed ({type(exc).__name__}: {exc}); rebuild "
                               "the index") from None
-        if cal.mode not in ("hash", "scan") or (cal.mode == "hash") != (chosen is not None):
+        if cal.mode not in SEARCH_MODES or (cal.mode == "hash") != (chosen is not None):
             raise FormatError(f"{where}: mode {cal.mode!r} with chosen point {chosen!r}; "
                               "rebuild the index")
         return cal

@@ -38,6 +38,7 @@ from lshdist._kernels.hyperplane import (
     rerank_margin_sparse,
 )
 from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
+from lshdist.config import HYPERPLANE_MODES, check_mode
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.payload import REL_F64_PAYLOAD, csr_take, f64_slack, refuse_overflow
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from lshdist.protocols import RerankPayload
 
 #: hyperplane query modes: the permutation lists, a ranking of every key, the exact scan
-MODES = ("hash", "rank", "scan")
+MODES = HYPERPLANE_MODES
 #: rows re-ranked per hyperplane by mode "rank" (the paper scanned N rho = 500 points)
 RANK_CANDIDATES = 500
 
@@ -459,8 +460,7 @@ class HyperplaneIndex:
         query of the last hashed or ranked query."""
         if not hasattr(self, "index_"):
             raise NotFittedError("this HyperplaneIndex is not fitted; call fit(X) first")
-        if mode not in MODES:
-            raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+        check_mode(mode, MODES)
         k = check_k(k)
         qcodes, qpayload = encode_hyperplanes(self.family_, W, offsets, self.center_,
                                               self.bias_scale_)
@@ -483,8 +483,7 @@ def search_hyperplanes(index: PermutationIndex, qcodes: np.ndarray, qpayload: Re
     exact margins computed per query.  ``n_permutations``/``window``/``hamming_keep`` override
     the segment's own for this call; ``candidates`` and ``paired`` (H-Hash keys) are those of
     mode ``"rank"``."""
-    if mode not in MODES:
-        raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+    check_mode(mode, MODES)
     if mode == "rank":
         return rank_search(index, qcodes, qpayload, k, candidates=candidates, paired=paired,
                            n_threads=n_threads)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lshdist.blocks import Block, RowsLike, as_block, n_rows, take_rows
+from lshdist.config import KNN_MODES, SEARCH_MODES, check_mode
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import (
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from lshdist.index.recall_check import MeasuredRecall
     from lshdist.protocols import Metric, RerankPayload
 
-MODES = ("hash", "scan")
 #: query sets of at least this many rows are re-calibrated on a sample of themselves (the
 #: sample's exact neighbours then cost at most 1/20 of the full scan)
 RECALIBRATE_QUERIES = 20 * SAMPLE_QUERIES
@@ -96,8 +96,7 @@ def answer(index: PermutationIndex | PackedSegment, qcodes: np.ndarray,
     if mode == "scan":
         dist, ids = scan_topk(index.payload_, qpayload, k, ids=index.ids_, n_threads=n_threads)
         return dist, ids, {"reranked": np.full(len(ids), len(index), np.int64)}
-    if mode != "hash":
-        raise InputError(f"mode={mode!r}; choose one of {list(MODES)}")
+    check_mode(mode, SEARCH_MODES)
     found: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] = index.search(
         qcodes, qpayload, k, bulk=bulk, n_threads=n_threads, n_permutations=n_permutations,
         window=window, hamming_keep=hamming_keep)
@@ -291,8 +290,7 @@ class MetricIndex:
         ``"auto"`` (the calibrated choice; hashed without calibration).  ``self.stats_`` holds
         per-query candidate counts of the last hashed query; ``self.last_mode_`` the mode used."""
         self._check_fitted()
-        if mode not in (*MODES, "auto"):
-            raise InputError(f"mode={mode!r}; choose one of {[*MODES, 'auto']}")
+        check_mode(mode, KNN_MODES)
         asked = mode
         recalibrated = False
         if mode == "auto":
