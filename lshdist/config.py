@@ -474,7 +474,13 @@ class ClusterConfig(Section):
                                            "this process")
     stall_timeout: float = opt(600.0, _float(),
                                "fail the job when no task finishes for this many seconds "
-                               "(a frozen scheduler or worker)", metavar="SECONDS")
+                               "(a frozen worker; a frozen scheduler: --heartbeat-timeout)",
+                               metavar="SECONDS")
+    heartbeat_timeout: float = opt(30.0, _float(),
+                                   "fail the job when the Dask scheduler has not answered for "
+                                   "this many seconds (asked every 5 s; a frozen scheduler is "
+                                   "found without waiting for --stall-timeout, while long tasks "
+                                   "on a scheduler that answers run on)", metavar="SECONDS")
     kind: str | None = opt(None, _optional(_choice(*CLUSTER_KINDS)),
                            "local: a LocalCluster on this machine; slurm: worker jobs submitted "
                            "through dask-jobqueue (`pip install lshdist[deploy]`); kubernetes: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import re
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lshdist.cluster.heartbeat import SchedulerWatch
 from lshdist.config import ClusterConfig
 from lshdist.errors import ClusterError, InputError
 
@@ -221,14 +223,15 @@ def _quiet_task_failures() -> None:
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bool = True,
-                timeout: float = 10.0, stall: float = 600.0, security: Any = None,
-                listen: str = "127.0.0.1") -> Iterator[Client]:
+                timeout: float = 10.0, stall: float = 600.0, heartbeat: float = 30.0,
+                security: Any = None, listen: str = "127.0.0.1") -> Iterator[Client]:
     """A ``distributed.Client``: on ``scheduler`` (``tcp://HOST:PORT``) or on a new
     LocalCluster of ``workers`` single-threaded worker processes (threads if not ``processes``).
     Workers warm the numba kernels before the job starts.  A scheduler that does not answer
     (a frozen process still accepts connections, and distributed waits for its replies without
-    a limit) is a `ClusterError`: after ``timeout`` s when connecting, after ``stall`` s in any
-    later blocking call (``run``, ``replicate``, ``scheduler_info``, ...).
+    a limit) is a `ClusterError`: after ``timeout`` s when connecting, after ``heartbeat`` s
+    without an answer to the questions `SchedulerWatch` asks it every few seconds, and after
+    ``stall`` s in any later blocking call (``run``, ``replicate``, ``scheduler_info``, ...).
 
     ``security`` (a ``distributed.Security``, see `cluster_security`) is used for ``scheduler``;
     a LocalCluster listens on ``listen`` only (loopback by default: scheduler, workers and
@@ -273,7 +276,8 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
                                    # task errors reach the driver; the rest is shutdown noise
                                    silence_logs=logging.CRITICAL)
         client = Client(cluster)
-    _bound_calls(client, stall)
+    watch = SchedulerWatch(client, heartbeat).start()
+    _bound_calls(client, stall, watch)
     try:
         log.info("Dask scheduler %s, dashboard %s (%d workers)", client.scheduler.address,
                  _dashboard(client), len(client.scheduler_info()["workers"]))
@@ -282,7 +286,12 @@ def dask_client(scheduler: str | None = None, *, workers: int = 2, processes: bo
         client.run(warm_kernels)
         yield client
     finally:
-        client.close()
+        watch.stop()
+        if watch.lost is not None:  # nothing to wait for: the scheduler will not answer
+            with contextlib.suppress(Exception):
+                client.close(timeout=2)
+        else:
+            client.close()
         if cluster is not None:
             cluster.close()
 
@@ -308,14 +317,21 @@ def _bounded(make: Any, seconds: float) -> Any:
     return value
 
 
-def _bound_calls(client: Any, stall: float) -> None:
+def _bound_calls(client: Any, stall: float, watch: SchedulerWatch) -> None:
     """Every synchronous call of ``client`` without its own timeout waits at most ``stall`` s,
-    then raises a `ClusterError` (all of them go through ``Client.sync``)."""
+    then raises a `ClusterError` (all of them go through ``Client.sync``); any call fails at
+    once with a `ClusterError` when ``watch`` finds the scheduler frozen."""
     sync = client.sync
 
-    def bounded(func: Any, *args: Any, callback_timeout: Any = None, **kwargs: Any) -> Any:
+    def bounded(func: Any, *args: Any, callback_timeout: Any = None, asynchronous: Any = None,
+                **kwargs: Any) -> Any:
+        async def watched() -> Any:
+            out = func(*args, **kwargs)
+            return await watch.race(out) if inspect.isawaitable(out) else out
+
         try:
-            return sync(func, *args, callback_timeout=callback_timeout or stall, **kwargs)
+            return sync(watched, asynchronous=asynchronous,
+                        callback_timeout=callback_timeout or stall)
         except TimeoutError:
             raise ClusterError(f"the Dask scheduler did not answer for {stall:.0f}s (in "
                                f"{getattr(func, '__name__', func)}); it is stalled or "
@@ -404,8 +420,8 @@ def client_for(cfg: ClusterConfig) -> contextlib.AbstractContextManager[Client]:
     if kind == "slurm":
         return slurm_client(cfg)
     return dask_client(scheduler, workers=cfg.workers, processes=not cfg.in_process,
-                       timeout=cfg.connect_timeout, stall=cfg.stall_timeout, security=security,
-                       listen=cfg.listen)
+                       timeout=cfg.connect_timeout, stall=cfg.stall_timeout,
+                       heartbeat=cfg.heartbeat_timeout, security=security, listen=cfg.listen)
 
 
 def slurm_cluster(cfg: ClusterConfig) -> Any:
@@ -469,7 +485,8 @@ def slurm_client(cfg: ClusterConfig) -> Iterator[Client]:
         check_submission(cluster, cfg.jobqueue or "dask's jobqueue.slurm config")
         address = cluster.scheduler_address
         with dask_client(address, workers=cfg.workers, timeout=cfg.connect_timeout,
-                         stall=cfg.stall_timeout, security=cluster.security) as client:
+                         stall=cfg.stall_timeout, heartbeat=cfg.heartbeat_timeout,
+                         security=cluster.security) as client:
             start_workers(client, cluster, cfg.workers, timeout=cfg.stall_timeout)
             yield client
     finally:

@@ -31,7 +31,7 @@ from lshdist.store.model import save_model
 pytestmark = pytest.mark.drills
 
 BIN = Path(sys.executable).parent
-LIMIT = 30.0  # seconds from the freeze to the exit
+LIMIT = 30.0  # seconds from the freeze to the exit (--stall-timeout 5)
 
 
 @contextlib.contextmanager
@@ -74,34 +74,36 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _query(job: Path, addr: str, out: Path) -> subprocess.Popen[bytes]:
+def _query(job: Path, addr: str, out: Path,
+           *opts: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [str(BIN / "lshdist"), "query", "--index", str(job / "idx"), "--queries",
          str(job / "queries"), "--k", "5", "--mode", "hash", "--out", str(out),
          "--query-chunk", "5",
-         "--scheduler", addr, "--stall-timeout", "5", "--connect-timeout", "5"],
+         "--scheduler", addr, *(opts or ("--stall-timeout", "5")), "--connect-timeout", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _check_exit(p: subprocess.Popen[bytes], frozen_at: float, out: Path) -> float:
-    """Exit 2 within `LIMIT` s of the freeze, a one-line error, nothing at (or beside) out."""
+def _check_exit(p: subprocess.Popen[bytes], frozen_at: float, out: Path,
+                limit: float = LIMIT) -> tuple[float, str]:
+    """Exit 2 within ``limit`` s of the freeze, a one-line error, nothing at (or beside) out."""
     try:
-        _, err = p.communicate(timeout=LIMIT + 30)
+        _, err = p.communicate(timeout=limit + 30)
     except subprocess.TimeoutExpired:
         os.kill(p.pid, signal.SIGKILL)
         p.communicate()
-        pytest.fail(f"lshdist query still running {LIMIT + 30:.0f}s after the freeze")
+        pytest.fail(f"lshdist query still running {limit + 30:.0f}s after the freeze")
     took = time.monotonic() - frozen_at
     text = err.decode()
     errors = [line for line in text.splitlines() if line.startswith("lshdist query: error:")]
     assert p.returncode == 2, text
     assert "Traceback" not in text, text
     assert len(errors) == 1 and "scheduler" in errors[0], text
-    assert took < LIMIT, f"exit {took:.1f}s after the freeze"
+    assert took < limit, f"exit {took:.1f}s after the freeze"
     assert not out.exists()
     assert not list(out.parent.glob(f".{out.name}.tmp-*")), "a temporary results directory"
     print(f"\n  exit 2 after {took:.1f}s: {errors[0]}")
-    return took
+    return took, errors[0]
 
 
 def test_a_query_against_a_frozen_scheduler_exits_2(job, tmp_path):
@@ -130,3 +132,22 @@ def test_a_scheduler_frozen_mid_query_exits_2(job, tmp_path):
             time.sleep(0.01)
         sched.send_signal(signal.SIGSTOP)
         _check_exit(p, time.monotonic(), out)
+
+
+def test_a_frozen_scheduler_is_found_by_the_heartbeat_not_the_stall_timeout(job, tmp_path):
+    """The default settings (--stall-timeout 600, --heartbeat-timeout 30): a scheduler frozen
+    mid-query is found by the heartbeat, the job exits 2 within a minute naming it."""
+    if not (job / "idx").exists():
+        pytest.skip("needs the index of the first test")
+    out = tmp_path / "res"
+    with scheduler_and_worker() as (addr, sched):
+        p = _query(job, addr, out, "--no-check-recall")
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".res.tmp-*/neighbors/part-*")):  # the query is running
+            assert p.poll() is None, p.communicate()[1].decode()
+            assert time.monotonic() < deadline, "no results part written within 60s"
+            time.sleep(0.01)
+        sched.send_signal(signal.SIGSTOP)
+        took, error = _check_exit(p, time.monotonic(), out, limit=30 + 5 + 5 + 10)
+    assert took > 20, f"exit {took:.1f}s after the freeze: before the heartbeat timeout"
+    assert "has not answered for" in error and "--heartbeat-timeout" in error, error
