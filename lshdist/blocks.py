@@ -8,7 +8,9 @@ any global vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar, overload
 
@@ -139,6 +141,24 @@ def row_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     empty ranges left out (none for ``n = 0``).  How work is shared among threads."""
     b = np.linspace(0, n, max(1, int(parts)) + 1).astype(int)
     return [(int(b[i]), int(b[i + 1])) for i in range(len(b) - 1) if b[i + 1] > b[i]]
+
+
+R = TypeVar("R")
+
+
+def on_row_ranges(fn: Callable[[int, int], R], n: int, parts: int, *,
+                  threaded: Callable[[], AbstractContextManager[object]] = nullcontext
+                  ) -> list[R]:
+    """``fn(start, stop)`` over the `row_ranges` of ``n`` rows in ``parts``, each range on a
+    thread of its own (the kernels it calls release the GIL), results in the ranges' order.
+    One range — or none, ``n = 0``: ``fn(0, n)`` — runs on the caller's thread.  ``threaded``:
+    a context entered around the threads only (e.g. `lshdist.limits.one_blas_thread`: each
+    thread's BLAS on one core).  The one way work is shared among a process's threads."""
+    spans = row_ranges(n, parts)
+    if len(spans) <= 1:
+        return [fn(0, n)]
+    with threaded(), ThreadPoolExecutor(len(spans)) as pool:
+        return list(pool.map(lambda span: fn(*span), spans))
 
 
 def n_rows(X: RowsLike) -> int:

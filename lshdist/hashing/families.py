@@ -6,13 +6,12 @@ Every family maps rows to b-bit keys packed in uint64 words: ``hash(X) -> (n, ce
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lshdist._kernels.hashing import gaussian_rows, pack_signs, pack_signs_exact
-from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, row_ranges
+from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, on_row_ranges
 from lshdist.errors import InputError
 from lshdist.limits import MAX_BITS, one_blas_thread
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
@@ -106,12 +105,8 @@ class HashFamily:
                     out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32,
                                                              otol32)
 
-            parts = row_ranges(n, min(int(n_threads), n // (4 * HASH_BLOCK_ROWS)))
-            if len(parts) <= 1:
-                rows(0, n)
-            else:
-                with one_blas_thread(), ThreadPoolExecutor(len(parts)) as pool:
-                    list(pool.map(lambda sp: rows(*sp), parts))
+            on_row_ranges(rows, n, min(int(n_threads), n // (4 * HASH_BLOCK_ROWS)),
+                          threaded=one_blas_thread)
             return out
         keys: np.ndarray = pack_signs(np.ascontiguousarray(self.project(X)))
         return keys

@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lshdist._kernels.search import candidate_hamming, candidate_recall_grid
-from lshdist.blocks import row_ranges
+from lshdist.blocks import on_row_ranges
 from lshdist.config import SEARCH_MODES
 from lshdist.errors import FormatError, InputError
 from lshdist.index.permutation import PermutationIndex
@@ -284,7 +283,8 @@ def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
     kt = np.where(relevant[:, : truth.shape[1]], truth, -1)
     axes = (np.asarray(ms, np.int64), np.asarray(ws, np.int64), np.asarray(hs, np.int64))
 
-    def part(rows: slice) -> tuple[np.ndarray, np.ndarray]:
+    def part(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = slice(start, stop)
         qc = qcodes[rows]
         full = index.candidates(qc, n_permutations=m_max, window=w_max).reshape(
             len(qc), m_max, 2 * w_max)
@@ -293,11 +293,9 @@ def grid_counts(index: PermutationIndex, qcodes: np.ndarray, truth: np.ndarray,
             full, ham, index.bits_, kt[rows], qself[rows], *axes)
         return found
 
-    n_parts = max(1, min(int(n_threads), Q // 16))
-    if n_parts == 1:
-        return part(slice(0, Q))
-    with ThreadPoolExecutor(n_parts) as pool:
-        parts = list(pool.map(part, [slice(a, b) for a, b in row_ranges(Q, n_parts)]))
+    parts = on_row_ranges(part, Q, min(int(n_threads), Q // 16))
+    if len(parts) == 1:
+        return parts[0]
     return np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0)
 
 

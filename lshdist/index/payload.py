@@ -11,7 +11,6 @@ through `lshdist.index.scan`); the payload of rows under a metric is made by
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +33,7 @@ from lshdist._kernels.search import (
     rerank_dense_quantized,
     rerank_sparse,
 )
-from lshdist.blocks import SparseBlock, row_ranges
+from lshdist.blocks import SparseBlock, on_row_ranges
 from lshdist.errors import InputError
 
 #: rows of at least this many columns are re-ranked with a first pass on a uint8 copy
@@ -46,9 +45,8 @@ QUANTIZED_MIN_COLUMNS = 32
 def column_bounds_parallel(Z: np.ndarray, n_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """`lshdist._kernels.search.column_bounds` of all rows of ``Z``, in row ranges on
     ``n_threads`` threads (min / max of the parts': the same arrays)."""
-    spans = row_ranges(len(Z), min(int(n_threads), len(Z) // 4096)) or [(0, len(Z))]
-    with ThreadPoolExecutor(len(spans)) as pool:
-        bounds = list(pool.map(lambda sp: column_bounds(Z, *sp), spans))
+    bounds = on_row_ranges(lambda a, b: column_bounds(Z, a, b), len(Z),
+                           min(int(n_threads), len(Z) // 4096))
     lo = np.min([b[0] for b in bounds], axis=0).astype(np.float32)
     hi = np.max([b[1] for b in bounds], axis=0).astype(np.float32)
     return lo, hi
@@ -64,12 +62,11 @@ def quantize_parallel(Z: np.ndarray, n_threads: int = 1,
     60,000 rows it took 0.10 s on one thread."""
     N, d = Z.shape
     lo, hi = bounds if bounds is not None else column_bounds_parallel(Z, n_threads)
-    spans = row_ranges(N, min(int(n_threads), N // 4096)) or [(0, N)]
     U = np.zeros((N, d), dtype=np.uint8)
     err = np.zeros(N)
     step, inv = grid_steps(lo, hi, N)
-    with ThreadPoolExecutor(len(spans)) as pool:
-        maxima = list(pool.map(lambda sp: quantize_block(Z, lo, step, inv, U, err, *sp), spans))
+    maxima = on_row_ranges(lambda a, b: quantize_block(Z, lo, step, inv, U, err, a, b), N,
+                           min(int(n_threads), N // 4096))
     z_max = max(float(m[0]) for m in maxima)
     g_max = max(float(m[1]) for m in maxima)
     return lo, step, U, err, float(grid_scale(lo, z_max, g_max))
@@ -84,19 +81,23 @@ def exact_grid_parallel(Z: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
     an exit inside the inner loop), ~0.05 s on 2 threads now."""
     lo, hi = bounds
     N, d = Z.shape
-    spans = row_ranges(N, min(int(n_threads), N // 4096)) or [(0, N)]
+    parts = min(int(n_threads), N // 4096)
     floor = grid_floor(lo, hi)
-    with ThreadPoolExecutor(len(spans)) as pool:
-        units = list(pool.map(lambda sp: grid_unit_block(Z, lo, floor, *sp), spans))
-        if min(units) < 0.0:
-            return None
-        g = float(grid_unit(min(units)))
-        if g < 0.0:
-            return None
-        U = np.empty((N, d), dtype=np.uint8)
-        umaxes = [np.zeros(d, dtype=np.uint8) for _ in spans]
-        oks = list(pool.map(lambda i: grid_fill_block(Z, lo, g, *spans[i], U, umaxes[i]),
-                            range(len(spans))))
+    units = on_row_ranges(lambda a, b: grid_unit_block(Z, lo, floor, a, b), N, parts)
+    if min(units) < 0.0:
+        return None
+    g = float(grid_unit(min(units)))
+    if g < 0.0:
+        return None
+    U = np.empty((N, d), dtype=np.uint8)
+
+    def fill(a: int, b: int) -> tuple[bool, np.ndarray]:
+        umax = np.zeros(d, dtype=np.uint8)  # the largest unit count of each column
+        return bool(grid_fill_block(Z, lo, g, a, b, U, umax)), umax
+
+    filled = on_row_ranges(fill, N, parts)
+    oks = [ok for ok, _ in filled]
+    umaxes = [umax for _, umax in filled]
     step = np.full(d, g, dtype=np.float32)
     if not all(oks) or not grid_table_exact(lo, step, np.max(umaxes, axis=0)):
         return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +15,7 @@ from lshdist._kernels.search import (
     window_positions_merge,
 )
 from lshdist._kernels.sort import radix_argsort_u64
-from lshdist.blocks import row_ranges
+from lshdist.blocks import on_row_ranges, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
 from lshdist.limits import available_memory
@@ -277,20 +276,14 @@ class PermutationIndex:
         # row numbers fit int32 for any segment below 2**31 rows: half the memory and disk
         sorted_rows = np.empty((M, N), dtype=np.int32 if N < 2**31 else np.int64)
 
-        def build(part: tuple[int, int]) -> None:
-            lo, hi = part
+        def build(lo: int, hi: int) -> None:
             for m in range(lo, hi):  # the kernels release the GIL: threads share the lists
                 prefix = permuted_prefix(codes, positions[m])
                 order = radix_argsort_u64(prefix)  # stable: ties by row, as np.argsort's
                 sorted_prefix[m] = prefix[order]
                 sorted_rows[m] = order
 
-        parts = row_ranges(M, n_threads)
-        if len(parts) > 1:  # the kernel and numpy's sort release the GIL
-            with ThreadPoolExecutor(len(parts)) as pool:
-                list(pool.map(build, parts))
-        else:
-            build((0, M))
+        on_row_ranges(build, M, n_threads)  # the kernel and numpy's sort release the GIL
         self._set_state(
             bits=bits, codes=codes, positions=positions,
             sorted_prefix=sorted_prefix, sorted_rows=sorted_rows,
@@ -449,7 +442,6 @@ class PermutationIndex:
         # Fashion-MNIST); every query's answer is independent of the order
         order = (radix_argsort_u64(permuted_prefix(qcodes, self.positions_[0]))
                  if Q > 1 else np.arange(Q))
-        parts = row_ranges(Q, n_threads)
         block = query_block(op[0])
         dist = np.empty((Q, k), dtype=np.float32)
         ids = np.empty((Q, k), dtype=np.int64)
@@ -457,18 +449,14 @@ class PermutationIndex:
         reranked = np.empty(Q, dtype=np.int64)
         out = (dist, ids, distinct, reranked)
 
-        def run(part: tuple[int, int]) -> None:
+        def run(start: int, stop: int) -> None:
             # in join blocks, each answered in sub-blocks (`_search_part`); every query's
             # answer lands in its own rows of ``out`` (the threads' rows are disjoint)
-            for lo in range(part[0], part[1], block):
-                sel = order[lo:min(lo + block, part[1])]
+            for lo in range(start, stop, block):
+                sel = order[lo:min(lo + block, stop)]
                 self._search_part(qcodes[sel], qpayload, sel, k, bulk, op, out)
 
-        if len(parts) <= 1:
-            run((0, Q))
-        else:
-            with ThreadPoolExecutor(len(parts)) as pool:
-                list(pool.map(run, parts))
+        on_row_ranges(run, Q, n_threads)
         return dist, ids, {"distinct": distinct, "reranked": reranked}
 
     def _search_part(self, qc: np.ndarray, qpayload: RerankPayload, sel: np.ndarray, k: int,
