@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: lshdist's debug messages and Dask's info; -vv: Dask's debug "
                              "messages too (default: lshdist's progress, Dask's warnings)")
+    parser.add_argument("--storage-options", metavar="JSON", default=None,
+                        help="options for object storage (s3://, gs://, abfs://) as a JSON "
+                             "object handed to its fsspec file system, e.g. "
+                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}' (default: the "
+                             "LSHDIST_STORAGE_OPTIONS environment variable; credentials come "
+                             "from the AWS_* environment as usual)")
     sub = parser.add_subparsers(dest="job", required=True, parser_class=_Parser)
     for name in JOBS:
         try:
@@ -88,16 +94,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: options whose value is an address or a label, never a path
-_NOT_PATHS = {"scheduler", "listen", "batch", "job"}
+_NOT_PATHS = {"scheduler", "listen", "batch", "job", "storage_options"}
 
 
 def local_paths(args: argparse.Namespace) -> argparse.Namespace:
     """Every path argument of a job checked before the job starts: ``file://`` URLs become
-    paths, other URLs (``s3://``...) are refused (`lshdist.store.files.local_path`)."""
-    from lshdist.store.files import local_path
+    paths; an object-store URL (``s3://``...) is kept when its scheme is known and its back end
+    installed (`lshdist.store.objects.as_path`), refused otherwise; ``--storage-options``
+    checked and handed on (to the workers too) through the environment."""
+    from lshdist.store.objects import OPTIONS_ENV, as_path, is_url, storage_options
+
+    options = getattr(args, "storage_options", None)
+    if options is not None:
+        os.environ[OPTIONS_ENV] = options
+        storage_options()  # refuses what is not a JSON object
 
     def one(value: str) -> str:
-        path = local_path(value)
+        if is_url(value):
+            return str(as_path(value))
+        path = as_path(value)
         return str(path) if str(path) != value and "://" in value else value
 
     for dest, value in vars(args).items():

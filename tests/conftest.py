@@ -93,3 +93,36 @@ def _reseal_dataset(path):
 def reseal():
     """``reseal(dataset_path)``: `_reseal_dataset`."""
     return _reseal_dataset
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (moto's) on 127.0.0.1 for the session; the AWS_* environment points
+    the process (and the workers it starts) at it.  Yields its endpoint URL."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    mp = pytest.MonkeyPatch()
+    for name, value in {"AWS_ACCESS_KEY_ID": "lshdist-test", "AWS_SECRET_ACCESS_KEY": "secret",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        mp.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "LSHDIST_STORAGE_OPTIONS"):
+        mp.delenv(name, raising=False)
+    yield endpoint
+    mp.undo()
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server):
+    """A fresh, empty bucket on the test S3 server: ``s3://NAME``."""
+    import uuid
+
+    import s3fs
+
+    name = f"lshdist-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True).mkdir(name)
+    return f"s3://{name}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,13 +39,17 @@ from lshdist.store.index import (
     FORMAT,
     VERSION,
     index_lock,
+    manifest_tag,
     new_segment_name,
     read_manifest,
+    read_manifest_tagged,
+    remove_unnamed,
     require_permutation,
     segment_ids,
     write_manifest,
 )
 from lshdist.store.model import read_model_meta
+from lshdist.store.objects import CommitConflict, ObjectPath, as_path, resolved
 from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
@@ -164,7 +169,7 @@ def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: 
     784-d explicit metric, sent with the graph).  This future is recomputed if every copy is
     lost.
     """
-    fut = client.submit(tasks.load_family, str(Path(model).resolve()), bits, seed, learned,
+    fut = client.submit(tasks.load_family, resolved(model), bits, seed, learned,
                         pure=False, retries=2)
     client.replicate([fut])
     return fut
@@ -218,8 +223,8 @@ class BuildPlan:
     """A checked index build: everything `run_build` needs, nothing started."""
 
     data: Dataset
-    model: Path
-    out: Path
+    model: Path | ObjectPath
+    out: Path | ObjectPath
     cfg: IndexConfig
     append: bool
     overwrite: bool
@@ -291,14 +296,14 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             check_data_for_model(Dataset(cfg.calibration_queries), model_meta,
                                  "calibration queries")
         manifest = {
-            "format": FORMAT, "version": VERSION, "model": str(Path(model).resolve()),
+            "format": FORMAT, "version": VERSION, "model": resolved(model),
             "model_checksum": model_meta["checksum"], "kind": model_meta["kind"],
             "d": model_meta["d"], **_recorded(cfg), "segments": [],
         }
     segments = segment_shards(ds.shard_bounds.tolist(), cfg.segment_rows)
     bounds = ds.shard_bounds
     rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
-    plan = BuildPlan(ds, Path(model), Path(out), cfg, append, overwrite, model_meta, manifest,
+    plan = BuildPlan(ds, as_path(model), as_path(out), cfg, append, overwrite, model_meta, manifest,
                      segments, batch=batch, skipped=append and skipped)
     if append:
         plan.lists = manifest["permutations"]
@@ -354,7 +359,9 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     except OSError as exc:
         raise os_error(exc, plan.out) from None
     # the whole build holds the index lock: a concurrent append waits for it (then both
-    # land), and `lshdist gc` never mistakes a running build's segments for orphans
+    # land), and `lshdist gc` never mistakes a running build's segments for orphans.  On object
+    # storage there is no lock: the manifest is committed by a conditional write, and a job
+    # that loses the race merges its segments into the winner's manifest and tries again
     with index_lock(plan.out, timeout=stall):
         if plan.append:
             manifest = read_manifest(plan.out)  # another append may have landed meanwhile
@@ -364,30 +371,60 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
                 plan.skipped = True
                 return manifest
             entries, _ = _build_segments(client, plan, plan.out, stall, None)
-            manifest = read_manifest(plan.out)
-            if manifest["model_checksum"] != plan.manifest["model_checksum"]:
-                raise InputError(f"index {str(plan.out)!r} changed model during the append")
             try:
-                _check_new_ids(str(plan.out), manifest, plan.data)
-                new = _with_segments(manifest, entries, plan.batch)
-                write_manifest(plan.out, new)  # the swap: readers see the old or the new index
+                return _commit_append(plan, entries)
             except BaseException:
                 _remove_segments(plan.out, [e["name"] for e in entries])
                 raise
-            return new
         with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
                         inputs=(plan.data.path, plan.model)) as tmp:
+            tag = manifest_tag(tmp)  # object storage: the index this build replaces, if any
+            old = ([e["name"] for e in read_manifest(tmp)["segments"]] if tag else [])
             entries, op = _build_segments(client, plan, tmp, stall, hold)
             new = _with_segments({**plan.manifest, **op}, entries, plan.batch)
-            write_manifest(tmp, new)
+            try:
+                write_manifest(tmp, new, expect=tag)
+            except CommitConflict:
+                _remove_segments(tmp, [e["name"] for e in entries])
+                raise InputError(f"index {str(plan.out)!r} was written by another job while "
+                                 "this one built it; nothing of this build was kept: run it "
+                                 "again (with --overwrite to replace that index)") from None
+            if old:  # the replaced index's segments, once no manifest names them
+                _remove_segments(tmp, old)
         return new
 
 
-def _remove_segments(index_dir: Path, names: list[str]) -> None:
-    import shutil
+#: how many times an append on object storage merges into a newer manifest and retries
+COMMIT_RETRIES = 20
 
-    for name in names:  # the manifest never named them: remove what the tasks wrote
-        shutil.rmtree(index_dir / "segments" / name, ignore_errors=True)
+
+def _commit_append(plan: BuildPlan, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Swap in the manifest with the appended ``entries``: readers see the old or the new
+    index.  On object storage the write is conditional on the manifest read just before; when
+    another append or a compaction committed meanwhile, the entries are merged into that newer
+    manifest (its ids checked again) and the write retried."""
+    for attempt in range(COMMIT_RETRIES + 1):
+        manifest, tag = read_manifest_tagged(plan.out)
+        if manifest["model_checksum"] != plan.manifest["model_checksum"]:
+            raise InputError(f"index {str(plan.out)!r} changed model during the append")
+        if plan.batch is not None and plan.batch in manifest.get("batches", []):
+            raise InputError(f"batch {plan.batch!r} was appended to index {str(plan.out)!r} by "
+                             "another job meanwhile; this append was dropped")
+        _check_new_ids(str(plan.out), manifest, plan.data)
+        new = _with_segments(manifest, entries, plan.batch)
+        try:
+            write_manifest(plan.out, new, expect=tag)
+            return new
+        except CommitConflict:
+            log.info("index %s: another job committed first; merging and retrying (%d)",
+                     plan.out, attempt + 1)
+            time.sleep(min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+    raise InputError(f"index {str(plan.out)!r}: {COMMIT_RETRIES} other commits landed during "
+                     "this append's commit; nothing was appended, run it again")
+
+
+def _remove_segments(index_dir: Path | ObjectPath, names: list[str]) -> None:
+    remove_unnamed(index_dir, names)  # the manifest never named them: what the tasks wrote
 
 
 def _check_worker_memory(client: Any, list_bytes: int) -> None:
@@ -409,7 +446,7 @@ def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]],
     return new
 
 
-def _build_segments(client: Any, plan: BuildPlan, index_dir: Path, stall: float,
+def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, stall: float,
                     hold: list[Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Fit every segment (in worker memory), calibrate on the first (fresh builds), then write
     each with the chosen number of lists; returns the entries and the manifest's operating
@@ -573,9 +610,9 @@ def build_index(client: Any, *, data: str, model: str, out: str,
 class QueryPlan:
     """A checked bulk query: everything `run_query` needs, nothing started."""
 
-    index: Path
+    index: Path | ObjectPath
     queries: Dataset
-    out: Path
+    out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
     manifest: dict[str, Any]
@@ -612,7 +649,7 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
     recal = _recalibrates(manifest, cfg, qds)
     log.info("query mode %s: %s%s", mode, reason,
              "; to be calibrated again on a sample of these queries" if recal else "")
-    return QueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode, op, reason,
+    return QueryPlan(as_path(index), qds, as_path(out), cfg, overwrite, manifest, mode, op, reason,
                      recal, _estimate(manifest, op))
 
 
@@ -637,7 +674,7 @@ def _recalibrates(manifest: dict[str, Any], cfg: QueryConfig, qds: Dataset) -> b
     if cfg.mode != "auto" or raw is None or qds.n < RECALIBRATE_QUERIES:
         return False
     sampled = (raw.get("extra") or {}).get("queries")
-    return not (isinstance(sampled, str) and Path(sampled).resolve() == qds.path.resolve())
+    return not (isinstance(sampled, str) and resolved(sampled) == resolved(qds.path))
 
 
 def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str

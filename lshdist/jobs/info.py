@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from lshdist.errors import FormatError, InputError
+from lshdist.store.objects import ObjectPath, as_path
 
 _MAX_CLASS_NAMES = 30
 
 
-def describe_dataset(path: Path) -> dict[str, Any]:
+def describe_dataset(path: Path | ObjectPath) -> dict[str, Any]:
     from lshdist.store.dataset import FORMAT as DATASET_FORMAT
     from lshdist.store.dataset import Dataset
 
@@ -27,7 +28,7 @@ def describe_dataset(path: Path) -> dict[str, Any]:
     return info
 
 
-def describe_model(path: Path) -> dict[str, Any]:
+def describe_model(path: Path | ObjectPath) -> dict[str, Any]:
     from lshdist.store.model import read_model_meta
 
     meta = read_model_meta(path)
@@ -52,7 +53,7 @@ def describe_model(path: Path) -> dict[str, Any]:
     return out
 
 
-def describe_index(path: Path) -> dict[str, Any]:
+def describe_index(path: Path | ObjectPath) -> dict[str, Any]:
     from lshdist.store.index import list_orphans, read_manifest
 
     m = read_manifest(path)
@@ -71,7 +72,8 @@ def describe_index(path: Path) -> dict[str, Any]:
             "orphans": orphans or None}
 
 
-def _describe_subspace(path: Path, m: dict[str, Any], orphans: list[str]) -> dict[str, Any]:
+def _describe_subspace(path: Path | ObjectPath, m: dict[str, Any], orphans: list[str]
+                       ) -> dict[str, Any]:
     """A subspace index (`lshdist.store.subspace`): its parameters, rounds and groups."""
     rec = m["subspace"]
     rounds = [f"round {r['round']}: {r['remaining']} remaining, alpha {r['alpha']:.4g}, "
@@ -106,7 +108,7 @@ def _calibration(m: dict[str, Any]) -> dict[str, Any]:
             "calibration_curve": curve}
 
 
-def describe_results(path: Path) -> dict[str, Any]:
+def describe_results(path: Path | ObjectPath) -> dict[str, Any]:
     """A results directory: its size, how its queries were answered and the recall the job
     measured on a sample of them (``measured_recall``) beside the calibration's estimate."""
     from lshdist.index.recall_check import MeasuredRecall
@@ -130,7 +132,7 @@ def describe_results(path: Path) -> dict[str, Any]:
     return out
 
 
-def describers() -> dict[str, Callable[[Path], dict[str, Any]]]:
+def describers() -> dict[str, Callable[[Path | ObjectPath], dict[str, Any]]]:
     """Directory kinds by the ``format`` they declare (the store modules, imported here
     rather than with the module, keep `lshdist --help` light)."""
     from lshdist.store.dataset import FORMAT as DATASET_FORMAT
@@ -147,7 +149,7 @@ _MANIFESTS = ("zarr.json", "model.json", "index.json", "results.json")
 _REDO = "write it again (a dataset with `lshdist ingest`)"
 
 
-def directory_format(path: Path) -> str | None:
+def directory_format(path: Path | ObjectPath) -> str | None:
     """The ``format`` a directory declares (None if it has a manifest without one)."""
     if not path.exists():
         raise InputError(f"{str(path)!r} does not exist")
@@ -172,10 +174,10 @@ def directory_format(path: Path) -> str | None:
     )
 
 
-def describe(path: str | Path) -> dict[str, Any]:
+def describe(path: str | Path | ObjectPath) -> dict[str, Any]:
     from lshdist.store.dataset import Dataset
 
-    path = Path(path)
+    path = as_path(path)
     fmt = directory_format(path)
     known = describers()
     if fmt not in known and (path / "zarr.json").is_file():

@@ -10,6 +10,7 @@ from typing import Any
 
 from lshdist.jobs.common import add_cluster_options, non_negative_int, positive_int
 from lshdist.store.atomic import check_output
+from lshdist.store.objects import tree_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ def run_features(args: argparse.Namespace) -> int:
                          attrs={"features": {"kind": args.features, "patch": args.patch,
                                              "step": args.step, "keypoints": args.keypoints}})
     empty = int(np.sum(sets.sizes == 0))
-    size = sum(f.stat().st_size for f in ds.path.rglob("*") if f.is_file())
+    size = tree_bytes(ds.path)
     classes = "unlabelled" if ds.classes is None else f"{len(ds.classes)} classes"
     sys.stdout.write(
         f"ingested {ds.n} images as sets of {args.features} features ({len(sets.values)} "

@@ -10,9 +10,10 @@ from typing import Any
 
 from lshdist.errors import FormatError, InputError
 from lshdist.jobs.info import directory_format
+from lshdist.store.objects import ObjectPath, as_path
 
 
-def verify_dataset(path: Path) -> str:
+def verify_dataset(path: Path | ObjectPath) -> str:
     from lshdist.store.dataset import Dataset
 
     ds = Dataset(path)
@@ -21,14 +22,14 @@ def verify_dataset(path: Path) -> str:
             f"{ds.n_shards} shards")
 
 
-def verify_model(path: Path) -> str:
+def verify_model(path: Path | ObjectPath) -> str:
     from lshdist.store.model import load_model
 
     _, meta = load_model(path)
     return f"model {str(path)!r}: {meta['kind']}, d={meta['d']}, checksum {meta['checksum'][:12]}"
 
 
-def verify_index_dir(path: Path) -> str:
+def verify_index_dir(path: Path | ObjectPath) -> str:
     from lshdist.store.index import list_orphans, verify_index
     from lshdist.store.model import load_model
 
@@ -49,7 +50,7 @@ def verify_index_dir(path: Path) -> str:
             f"rows, every segment and the model checked{sources}{extra}")
 
 
-def _source_datasets(path: Path, manifest: dict[str, Any]) -> str:
+def _source_datasets(path: Path | ObjectPath, manifest: dict[str, Any]) -> str:
     """The datasets the index's segments were built from, each opened (its attributes against
     their checksum, its arrays' shapes): what `verify` says of them.  A dataset that is gone is
     said so, not an error: queries read only the index."""
@@ -58,7 +59,7 @@ def _source_datasets(path: Path, manifest: dict[str, Any]) -> str:
     names = list(dict.fromkeys(e["source"] for e in manifest["segments"] if "source" in e))
     gone = []
     for name in names:
-        if not Path(name).exists():
+        if not as_path(name).exists():
             gone.append(name)
             continue
         try:
@@ -75,7 +76,7 @@ def _source_datasets(path: Path, manifest: dict[str, Any]) -> str:
     return said
 
 
-def verifiers() -> dict[str, Callable[[Path], str]]:
+def verifiers() -> dict[str, Callable[[Path | ObjectPath], str]]:
     """Checks by the ``format`` a directory declares (the store modules, imported here rather
     than with the module, keep `lshdist --help` light)."""
     from lshdist.store.dataset import FORMAT as DATASET_FORMAT
@@ -86,7 +87,7 @@ def verifiers() -> dict[str, Callable[[Path], str]]:
             INDEX_FORMAT: verify_index_dir}
 
 
-def verify(path: str | Path) -> str:
+def verify(path: str | Path | ObjectPath) -> str:
     """Check the artefact at ``path`` in full; the one-line summary of what was checked.
 
     Raises
@@ -96,7 +97,7 @@ def verify(path: str | Path) -> str:
     """
     from lshdist.store.dataset import Dataset
 
-    path = Path(path)
+    path = as_path(path)
     fmt = directory_format(path)
     known = verifiers()
     if fmt not in known:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lshdist.errors import InputError, OutputExistsError
 from lshdist.store.files import local_path
+from lshdist.store.objects import ObjectPath, as_path, check_bucket, is_url
 
 #: artefact kind -> the file that marks a directory as one (and holds ``format``)
 MARKERS = {
@@ -35,15 +36,20 @@ MARKERS = {
 MAX_MARKER_BYTES = 16 * 2**20
 
 
-def artefact_kind(path: str | os.PathLike[str]) -> str | None:
+def artefact_kind(path: str | os.PathLike[str] | ObjectPath) -> str | None:
     """The lshdist artefact kind of directory ``path`` (from its marker file), or None."""
-    p = Path(path)
+    p = as_path(path)
     for marker in dict.fromkeys(MARKERS.values()):
         f = p / marker
         try:
-            if not f.is_file() or f.stat().st_size > MAX_MARKER_BYTES:
-                continue
-            meta = json.loads(f.read_text())
+            if isinstance(f, ObjectPath):
+                if not f.is_file():
+                    continue
+                meta = json.loads(f.read_bytes(MAX_MARKER_BYTES))
+            else:
+                if not f.is_file() or f.stat().st_size > MAX_MARKER_BYTES:
+                    continue
+                meta = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
         if marker == "zarr.json" and isinstance(meta, dict):
@@ -59,21 +65,28 @@ def artefact_kind(path: str | os.PathLike[str]) -> str | None:
 def check_not_input(path: str | os.PathLike[str],
                     inputs: Iterable[str | os.PathLike[str] | None]) -> None:
     """Refuse an output that is, contains or lies inside an input of the same job (or that is
-    an object storage URL: `lshdist.store.files.local_path`)."""
-    out = local_path(path).resolve()
+    one of its object-store prefixes)."""
+    out = as_path(path).resolve()
     for i in inputs:
         if i is None:
             continue
-        src = local_path(i).resolve()
+        src = as_path(i).resolve()
+        if type(src) is not type(out):
+            continue
         if out == src or out in src.parents or src in out.parents:
             raise InputError(f"output {str(path)!r} would overwrite the input {str(i)!r} "
                              "(it is, contains or lies inside it); write the output elsewhere")
 
 
-def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | None = None,
+def check_output(path: str | os.PathLike[str] | ObjectPath, overwrite: bool, *,
+                 kind: str | None = None,
                  inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
     """Refuse an existing output unless ``overwrite``, and even then unless it is an lshdist
-    artefact of kind ``kind`` (any lshdist kind when None); refuse an output that is an input."""
+    artefact of kind ``kind`` (any lshdist kind when None); refuse an output that is an input.
+    An object-store output is checked the same way, after its bucket (`check_bucket`: it
+    exists, the credentials reach it)."""
+    if is_url(path):
+        return _check_object_output(ObjectPath(str(path)), overwrite, kind, inputs)  # type: ignore[return-value]
     p = local_path(path)
     check_not_input(p, inputs)
     if not p.exists() and not p.is_symlink():
@@ -107,6 +120,33 @@ def check_output(path: str | os.PathLike[str], overwrite: bool, *, kind: str | N
     return p
 
 
+def _check_object_output(p: ObjectPath, overwrite: bool, kind: str | None,
+                         inputs: Iterable[str | os.PathLike[str] | None]) -> ObjectPath:
+    check_bucket(p.url)
+    check_not_input(p, inputs)
+    if not p.exists():
+        return p
+    if not overwrite:
+        raise OutputExistsError(
+            f"output {p.url!r} already exists; choose another path or pass --overwrite")
+    found = artefact_kind(p)
+    if found is None or (kind is not None and found != kind):
+        what = (f"an lshdist {found.removeprefix('lshdist-')}" if found
+                else "not an lshdist artefact")
+        want = f"an lshdist {kind.removeprefix('lshdist-')}" if kind else "an lshdist artefact"
+        raise OutputExistsError(
+            f"refusing to overwrite {p.url!r}: it is {what}, and this job writes {want}; "
+            "remove it yourself or choose another path")
+    foreign = foreign_files(p, found)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputExistsError(
+            f"refusing to overwrite {p.url!r}: it holds {foreign[0]!r}{more}, which lshdist "
+            "did not write; move what you keep there elsewhere (or remove it yourself), then "
+            "run the job again")
+    return p
+
+
 #: what lshdist writes inside an artefact of each kind (paths relative to it, regexes): Zarr
 #: metadata and chunks, manifests, Parquet parts, temporaries of an interrupted write
 _ZARR = r"(?:[^/]+/)*(?:zarr\.json|c(?:/\d+)+)"
@@ -120,7 +160,7 @@ _OWN_FILES = {
 }
 
 
-def foreign_files(path: str | os.PathLike[str], kind: str) -> list[str]:
+def foreign_files(path: str | os.PathLike[str] | ObjectPath, kind: str) -> list[str]:
     """The files inside the artefact directory ``path`` (of kind ``kind``) that lshdist does
     not write there -- a user's own notes in a results directory -- which replacing it would
     delete (sorted, relative paths).  Kinds whose content is open (an evaluation, a
@@ -128,6 +168,8 @@ def foreign_files(path: str | os.PathLike[str], kind: str) -> list[str]:
     own = _OWN_FILES.get(kind)
     if own is None:
         return []
+    if is_url(path):
+        return [r for r in ObjectPath(str(path)).files() if not own.fullmatch(r)]
     root = Path(path)
     out = []
     for top, dirs, files in os.walk(root):
@@ -238,6 +280,10 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
     first and removed after the swap.
     """
     inputs = tuple(inputs)
+    if is_url(path):
+        with _object_dir(ObjectPath(str(path)), overwrite, kind, inputs) as written:
+            yield written  # type: ignore[misc]
+        return
     path = check_output(path, overwrite, kind=kind, inputs=inputs)
     remove_stale_temps(path)  # what a killed earlier run of this job left beside it
     tmp = _aside(path, "tmp")
@@ -263,6 +309,32 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
         raise
 
 
+@contextlib.contextmanager
+def _object_dir(path: ObjectPath, overwrite: bool, kind: str | None,
+                inputs: tuple[str | os.PathLike[str] | None, ...]) -> Iterator[ObjectPath]:
+    """`atomic_dir` on object storage, which has no rename: the artefact is written in place,
+    its marker file (``zarr.json``'s attributes, ``model.json``, ``results.json``...) last,
+    so a reader refuses it ("not an lshdist ...") until it is whole; a failed write removes
+    what it wrote.  An index keeps its old objects until its new manifest is committed
+    (`lshdist.store.index.write_manifest`: a conditional write), then drops the segments no
+    manifest names; any other kind being replaced is removed first (its marker first)."""
+    check_output(path, overwrite, kind=kind, inputs=inputs)
+    existed = path.exists()
+    if existed and kind != "lshdist-index":
+        marker = MARKERS.get(kind or "", "")
+        if marker:
+            (path / marker).unlink(missing_ok=True)
+        path.rmtree()
+    try:
+        yield path
+    except BaseException:
+        # an index's segments carry unique names and another job may have committed one
+        # here meanwhile: what a failed build wrote is left to `lshdist gc`
+        if not existed and kind != "lshdist-index":
+            path.rmtree()
+        raise
+
+
 def _remove_aside(tmp: Path, settle: float = 0.1, limit: float = 2.0) -> None:
     """Remove a failed write's temporary directory, and again while writes still in flight
     recreate it: zarr writes chunks concurrently, and when one fails (a full disk, a file size
@@ -279,8 +351,12 @@ def _remove_aside(tmp: Path, settle: float = 0.1, limit: float = 2.0) -> None:
             return
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a small text file by rename (a reader sees the old or the new file, whole)."""
+def atomic_write_text(path: str | os.PathLike[str] | ObjectPath, text: str) -> None:
+    """Write a small text file by rename (a reader sees the old or the new file, whole; an
+    object is written whole by one request)."""
+    if is_url(path):
+        ObjectPath(str(path)).write_text(text)
+        return
     path = Path(path)
     tmp = _aside(path, "tmp")
     try:

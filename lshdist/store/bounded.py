@@ -18,6 +18,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
 from lshdist.store.files import MAX_JSON_BYTES, check_file, read_bounded
+from lshdist.store.objects import ObjectPath
 
 #: what a compressor may add to a chunk's raw bytes (blosc: 16-32 bytes, zstd: about 1/256 and
 #: a frame header, gzip: 5 bytes per 16 KiB block): a generous bound
@@ -101,3 +102,17 @@ class BoundedStore(LocalStore):
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]
                                  ) -> list[Buffer | None]:
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+
+def open_store(path: Path | ObjectPath) -> Any:
+    """The read-only Zarr store of the artefact directory or object-store prefix ``path``."""
+    if isinstance(path, ObjectPath):
+        return path.zarr_store()
+    return BoundedStore(path)
+
+
+def write_store(path: Path | ObjectPath) -> Any:
+    """What `zarr.open_group` writes a new group at ``path`` through."""
+    if isinstance(path, ObjectPath):
+        return path.zarr_store(read_only=False)
+    return str(path)

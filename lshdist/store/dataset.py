@@ -53,9 +53,10 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_spars
 from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.bounded import BoundedStore
-from lshdist.store.files import load_json, local_path
+from lshdist.store.bounded import open_store, write_store
+from lshdist.store.files import load_json
 from lshdist.store.model import array_checksum
+from lshdist.store.objects import ObjectPath, as_path
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ def write_dataset(
     if y is not None:
         sums["y"] = _row_sums(y, bounds)
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
-        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         nnz = None
         if not isinstance(X, SparseBlock):  # kind == "dense"
             sums["X"] = _row_sums(X, bounds)
@@ -250,7 +251,7 @@ def write_pointsets(
     if codes is not None:
         sums["y"] = _row_sums(codes, bounds)
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
-        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         gp = g.create_group("P")
         gp.create_array("values", data=np.asarray(sets.values, np.float32),
                         chunks=(point_chunk, d))
@@ -337,7 +338,7 @@ def write_dense_shards(
         raise InputError(f"n={n}, d={d}, shard_rows={shard_rows}: all must be integers >= 1")
     bounds = _shard_bounds(int(n), int(shard_rows))
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
-        g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
+        g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         chunk = int(min(shard_rows, n))
         xa = g.create_array("X", shape=(n, d), dtype=np.float32, chunks=(chunk, int(d)))
         ya = None
@@ -377,7 +378,7 @@ def write_dense_shards(
     return Dataset(path)
 
 
-def _check_attrs(attrs: dict[str, Any], path: Path) -> None:
+def _check_attrs(attrs: dict[str, Any], path: Path | ObjectPath) -> None:
     """Presence, type and range of the group attributes (no array read)."""
     where = f"{str(path)!r}: dataset attributes"
     ints = {"N": 1, "d": 1, "shard_rows": 1, "n_shards": 1}
@@ -437,7 +438,7 @@ class Dataset:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, legacy: bool = False):
-        self.path = local_path(path)
+        self.path = as_path(path)
         self.legacy = legacy
         if not self.path.exists():
             raise InputError(f"dataset {str(self.path)!r} does not exist")
@@ -487,7 +488,7 @@ class Dataset:
         self.attrs = attrs
         self._sums: dict[str, list[str]] | None = attrs.get("checksums")
         try:
-            self._group = zarr.open_group(BoundedStore(self.path), mode="r", zarr_format=3)
+            self._group = zarr.open_group(open_store(self.path), mode="r", zarr_format=3)
             self._check_arrays()
         except FormatError:
             raise

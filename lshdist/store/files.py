@@ -13,46 +13,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
-from lshdist.errors import FormatError, InputError
+from lshdist.errors import FormatError
+from lshdist.store.objects import ObjectPath, is_url, local_path
+
+__all__ = ["MAX_JSON_BYTES", "check_file", "load_json", "local_path", "read_bounded"]
 
 #: a manifest (zarr.json, model.json, index.json, results.json) larger than this is refused
 MAX_JSON_BYTES = 64 * 2**20
 
 
-#: ``scheme:/`` at the start: a URL (``s3://b/k``; a `Path` made of one keeps ``s3:/b/k``)
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/")
+class _ObjectStat:
+    """What `check_file` returns for an object: its size."""
+
+    def __init__(self, size: int) -> None:
+        self.st_size = size
 
 
-def local_path(path: str | os.PathLike[str]) -> Path:
-    """``path`` as a local path: a ``file://`` URL becomes its path; any other URL (``s3://``,
-    ``gs://``, ``abfs://``, ``https://``...) is refused before anything is read or written --
-    it would otherwise be a local directory named ``s3:``.
-
-    Raises
-    ------
-    InputError
-        For a URL other than ``file://`` (or a ``file://`` URL naming another host).
-    """
-    from urllib.parse import unquote, urlsplit
-
-    text = os.fspath(path)
-    m = _URL.match(text)
-    if m is None:
-        return Path(text)
-    parts = urlsplit(text)
-    if m[1].lower() == "file" and parts.netloc in ("", "localhost"):
-        return Path(unquote(parts.path))
-    raise InputError(f"object storage URLs are not supported yet: {text!r}; use a local or "
-                     "shared POSIX path")
-
-
-def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None
-               ) -> os.stat_result:
+def check_file(path: str | os.PathLike[str] | ObjectPath,
+               root: str | os.PathLike[str] | ObjectPath | None = None) -> os.stat_result:
     """The `os.stat` of a regular file ``path``; a symlink must resolve inside ``root``.
 
     Raises
@@ -62,6 +44,8 @@ def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
     FormatError
         For a device, FIFO, socket or directory, or a symlink leaving ``root``.
     """
+    if is_url(path):
+        return _ObjectStat(ObjectPath(str(path)).size())  # type: ignore[return-value]
     p = Path(path)
     st = os.lstat(p)
     if stat.S_ISLNK(st.st_mode):
@@ -76,8 +60,8 @@ def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
     return st
 
 
-def read_bounded(path: str | os.PathLike[str], limit: int,
-                 root: str | os.PathLike[str] | None = None) -> bytes:
+def read_bounded(path: str | os.PathLike[str] | ObjectPath, limit: int,
+                 root: str | os.PathLike[str] | ObjectPath | None = None) -> bytes:
     """The bytes of the regular file ``path`` (`check_file`), at most ``limit`` of them.
 
     Raises
@@ -87,6 +71,8 @@ def read_bounded(path: str | os.PathLike[str], limit: int,
     FormatError
         If `check_file` refuses it, or it holds more than ``limit`` bytes.
     """
+    if is_url(path):
+        return ObjectPath(str(path)).read_bytes(limit)
     st = check_file(path, root)
     too_big = FormatError(f"{str(path)!r} holds {st.st_size:,} bytes or more, more than the "
                           f"{limit:,} it may: refused (damaged or replaced)")
@@ -103,8 +89,9 @@ def read_bounded(path: str | os.PathLike[str], limit: int,
     return data
 
 
-def load_json(path: str | os.PathLike[str], what: str, fix: str,
-              root: str | os.PathLike[str] | None = None, limit: int | None = None) -> Any:
+def load_json(path: str | os.PathLike[str] | ObjectPath, what: str, fix: str,
+              root: str | os.PathLike[str] | ObjectPath | None = None,
+              limit: int | None = None) -> Any:
     """A small JSON file, bounded (`read_bounded`) and parsed.
 
     Raises

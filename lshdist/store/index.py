@@ -28,7 +28,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,11 @@ from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
-from lshdist.store.bounded import BoundedStore
+from lshdist.store.bounded import open_store, write_store
 from lshdist.store.dataset import repeated_id
-from lshdist.store.files import load_json, local_path
+from lshdist.store.files import load_json
 from lshdist.store.model import array_checksum, zarr_array
+from lshdist.store.objects import ObjectPath, as_path, is_url, local_path
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def new_segment_name() -> str:
     return f"seg-{uuid.uuid4().hex[:16]}"
 
 
-def segment_path(index_dir: str | os.PathLike[str], name: Any) -> Path:
+def segment_path(index_dir: str | os.PathLike[str], name: Any) -> Path | ObjectPath:
     """``INDEX/segments/NAME``, refusing any name `new_segment_name` would not make.
 
     Raises
@@ -162,8 +163,10 @@ def segment_path(index_dir: str | os.PathLike[str], name: Any) -> Path:
         raise FormatError(f"index {str(index_dir)!r}: segment name {name!r} is not "
                           "seg-<16 hex digits>; the manifest was edited or damaged, "
                           f"{_REBUILD}")
-    root = Path(index_dir) / SEGMENTS
+    root = as_path(index_dir) / SEGMENTS
     path = root / name
+    if isinstance(path, ObjectPath):  # no symlinks in an object store
+        return path
     with unreadable(f"segment {name!r} of index {str(index_dir)!r}"):
         outside = path.exists() and path.resolve().parent != root.resolve()
     if outside:
@@ -192,13 +195,14 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
             "checksum": _segment_checksum(arrays)}
 
 
-def segment_zarr_arrays(path: Path, arrays: dict[str, np.ndarray], attrs: dict[str, Any]
+def segment_zarr_arrays(path: Path | ObjectPath, arrays: dict[str, np.ndarray],
+                        attrs: dict[str, Any]
                         ) -> None:
     """Write ``arrays`` (names with ``/`` make subgroups) and ``attrs`` as a new Zarr group at
     ``path``, in the chunking and compression of every segment of an index."""
     key = "zarr.json"
     try:
-        g = zarr.open_group(str(path), mode="w", zarr_format=3)
+        g = zarr.open_group(write_store(path), mode="w", zarr_format=3)
         for key, a in arrays.items():
             # the sorted lists and keys are near-random bits: compressing them costs more time
             # (half of a segment's build, measured) than the space it saves
@@ -248,7 +252,7 @@ def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any
     copied file for file (the arrays, and so their checksums, unchanged); returns its manifest
     entry.  Nothing names the new segment until the caller swaps the manifest: a kill leaves an
     orphan for `remove_orphans`."""
-    sources: list[Path] = []
+    sources: list[Path | ObjectPath] = []
     parts: list[dict[str, Any]] = []
     for e in entries:
         src = segment_path(index_dir, e["name"])
@@ -263,7 +267,10 @@ def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any
     dst = segment_path(index_dir, name)
     dst.mkdir(parents=True)
     for i, path in enumerate(sources):
-        shutil.copytree(path, dst / part_dir(i))
+        if isinstance(path, ObjectPath) and isinstance(dst, ObjectPath):
+            path.copytree(dst / part_dir(i))
+        else:
+            shutil.copytree(path, dst / part_dir(i))
     return {"name": name, "rows": sum(p["rows"] for p in parts),
             "permutations": parts[0]["permutations"], "checksum": packed_checksum(parts),
             "parts": parts, **contiguous_span(entries)}
@@ -297,12 +304,13 @@ def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
                                       restore) for i, p in enumerate(parts)])
 
 
-def _read_group(path: Path, entry: dict[str, Any], manifest: dict[str, Any], where: str,
+def _read_group(path: Path | ObjectPath, entry: dict[str, Any], manifest: dict[str, Any],
+                where: str,
                 restore: str) -> PermutationIndex:
     """One stored segment group at ``path`` checked against ``entry`` (rows, permutations,
     checksum)."""
     try:
-        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
+        g = zarr.open_group(open_store(path), mode="r", zarr_format=3)
         kind, bits = g.attrs["payload"], g.attrs["bits"]
         pg = g["payload"]
         if not isinstance(pg, zarr.Group):
@@ -343,8 +351,16 @@ def manifest_checksum(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
-    """Check ``manifest``, add its checksum and swap it into place (atomic rename).
+#: `write_manifest`'s ``expect`` for an index that must not exist yet
+ABSENT = ""
+
+
+def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any], *,
+                   expect: str | None = None) -> None:
+    """Check ``manifest``, add its checksum and swap it into place: on a local disk by an
+    atomic rename (under `index_lock`); on object storage by a conditional write -- with
+    ``expect`` the version tag `read_manifest_tagged` gave (`ABSENT`: the index must not have
+    a manifest yet), the write succeeds only if no other job committed meanwhile.
 
     ``manifest`` itself is not modified.
 
@@ -352,11 +368,39 @@ def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any]) 
     ------
     InputError
         If ``manifest`` would not pass `read_manifest`.
+    CommitConflict
+        On object storage, when another job committed since ``expect`` was read.
     """
     canon = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "checksum"}))
     canon["checksum"] = manifest_checksum(canon)
-    _check_any(canon, Path(index_dir))
-    atomic_write_text(Path(index_dir) / MANIFEST, json.dumps(canon, indent=2))
+    root = as_path(index_dir)
+    _check_any(canon, root)
+    text = json.dumps(canon, indent=2)
+    if isinstance(root, ObjectPath):
+        (root / MANIFEST).put(text.encode(), if_none_match=expect == ABSENT,
+                              if_match=expect or None)
+        return
+    atomic_write_text(root / MANIFEST, text)
+
+
+def manifest_tag(index_dir: str | os.PathLike[str]) -> str | None:
+    """The version tag of an index's manifest on object storage (`ABSENT` when it has none);
+    None on a local disk, where `index_lock` serialises writers instead."""
+    root = as_path(index_dir)
+    if not isinstance(root, ObjectPath):
+        return None
+    return (root / MANIFEST).etag() or ABSENT
+
+
+def read_manifest_tagged(index_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], str | None]:
+    """`read_manifest` and the version tag it was read at (`manifest_tag`), for a conditional
+    `write_manifest`; the tag is taken first, so a commit in between makes the write fail."""
+    for _ in range(5):
+        tag = manifest_tag(index_dir)
+        manifest = read_manifest(index_dir)
+        if tag == manifest_tag(index_dir):
+            return manifest, tag
+    return manifest, tag
 
 
 def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -371,7 +415,7 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
         its checksum or not matching it, with a missing or mistyped field, or with a segment
         name that is not one lshdist makes or that appears twice.
     """
-    path = local_path(index_dir)
+    path = as_path(index_dir)
     if not path.is_dir():
         raise InputError(f"index {str(path)!r} does not exist; build it with `lshdist index`")
     f = path / MANIFEST
@@ -417,7 +461,7 @@ def require_permutation(manifest: dict[str, Any], index_dir: str | os.PathLike[s
                          "indexes only")
 
 
-def _check_any(meta: dict[str, Any], path: Path) -> None:
+def _check_any(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     from lshdist.store.subspace import METHOD, check_subspace_manifest
 
     method = meta.get("method", "permutation")
@@ -444,7 +488,7 @@ def _check_fields(obj: dict[str, Any], fields: dict[str, tuple[tuple[type, ...],
             raise FormatError(f"{where}: {key}={v!r} is not {what}; {_REBUILD}")
 
 
-def _check_manifest(meta: dict[str, Any], path: Path) -> None:
+def _check_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     """Presence, type and range of every manifest field and segment entry (not the checksum)."""
     where = f"{str(path)!r}: {MANIFEST}"
     _check_fields(meta, _FIELDS, where)
@@ -537,7 +581,7 @@ _POLL = 0.05
 def lock_path(index_dir: str | os.PathLike[str]) -> Path:
     """The lock file of an index: beside it (``.NAME.lock``), so that it outlives a rename or
     removal of the index directory itself."""
-    p = Path(os.path.abspath(index_dir))
+    p = Path(os.path.abspath(local_path(index_dir)))
     return p.parent / f".{p.name}.lock"
 
 
@@ -644,6 +688,9 @@ def index_lock(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
         If the lock is still held after ``timeout`` seconds, naming its owner and how to clear
         it.
     """
+    if is_url(index_dir):  # object storage: conditional writes of the manifest instead
+        yield {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+        return
     path = lock_path(index_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     me = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
@@ -690,7 +737,7 @@ def index_lock(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
 
 # -- leftovers -----------------------------------------------------------------------------
 
-def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path]:
+def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path | ObjectPath]:
     """Files and directories of an index that nothing refers to.
 
     Segment directories that the manifest does not name (a build that failed or is still
@@ -702,10 +749,12 @@ def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path]:
     InputError, FormatError
         As `read_manifest`: without a valid manifest nothing can be called an orphan.
     """
+    if is_url(index_dir):
+        return list(_object_orphans(ObjectPath(str(index_dir))))
     root = Path(index_dir)
     manifest = read_manifest(root)
     named = {e["name"] for e in manifest["segments"]}
-    out: list[Path] = []
+    out: list[Path | ObjectPath] = []
     seg_root = root / SEGMENTS
     with unreadable(f"index {str(root)!r}"):
         if seg_root.is_dir():
@@ -719,15 +768,53 @@ def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path]:
     return out
 
 
+#: on object storage, an unnamed segment younger than this may be an append still running (no
+#: lock tells): `gc` keeps it
+ORPHAN_AGE = 6 * 3600.0
+
+
+def _object_orphans(root: ObjectPath, min_age: float | None = None) -> list[ObjectPath]:
+    """The segments under ``root/segments`` that its manifest does not name and that are older
+    than ``min_age`` seconds (`ORPHAN_AGE`)."""
+    import datetime
+
+    age = ORPHAN_AGE if min_age is None else min_age
+    named = {e["name"] for e in read_manifest(root)["segments"]}
+    now = datetime.datetime.now(datetime.UTC)
+    out = []
+    for p in (root / SEGMENTS).iterdir():
+        if p.name in named:
+            continue
+        stamps = [root.fs.info(f"{p.key}/{f}").get("LastModified") for f in p.files()[:1]]
+        when = stamps[0] if stamps else None
+        if when is None or (now - when).total_seconds() >= age:
+            out.append(p)
+    return out
+
+
+def remove_unnamed(index_dir: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """Remove the segments ``names`` that the index's manifest does not name (what a replaced
+    or failed write left): on object storage after a commit, where nothing was renamed."""
+    root = as_path(index_dir)
+    for name in names:
+        p = root / SEGMENTS / name
+        if isinstance(p, ObjectPath):
+            p.rmtree()
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def remove_orphans(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
-                   dry_run: bool = False) -> list[Path]:
+                   dry_run: bool = False) -> list[Path | ObjectPath]:
     """Remove what `list_orphans` finds, holding `index_lock` (no build is running meanwhile);
     returns what was (or, with ``dry_run``, would be) removed."""
     with index_lock(index_dir, timeout=timeout):
         found = list_orphans(index_dir)
         if not dry_run:
             for p in found:
-                if p.is_dir() and not p.is_symlink():
+                if isinstance(p, ObjectPath):
+                    p.rmtree()
+                elif p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p)
                 else:
                     p.unlink()
@@ -784,7 +871,7 @@ def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.
              else [path])
     try:
         ids = np.concatenate([
-            np.asarray(zarr_array(zarr.open_group(BoundedStore(p), mode="r", zarr_format=3),
+            np.asarray(zarr_array(zarr.open_group(open_store(p), mode="r", zarr_format=3),
                                   "ids"),
                        dtype=np.int64) for p in paths])
     except Exception as exc:  # zarr raises many types for missing or broken chunks

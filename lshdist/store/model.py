@@ -22,8 +22,9 @@ from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.bounded import BoundedStore
-from lshdist.store.files import load_json, local_path
+from lshdist.store.bounded import open_store, write_store
+from lshdist.store.files import load_json
+from lshdist.store.objects import ObjectPath, as_path
 
 FORMAT = "lshdist-model"
 VERSION = 1
@@ -91,7 +92,7 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
         "checksum": model_sum,
     }
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-model") as tmp:
-        g = zarr.open_group(str(tmp / "arrays"), mode="w", zarr_format=3)
+        g = zarr.open_group(write_store(tmp / "arrays"), mode="w", zarr_format=3)
         for name, a in arrays.items():
             g.create_array(name, data=np.ascontiguousarray(a))
         (tmp / "model.json").write_text(json.dumps(meta, indent=2, default=_json_default))
@@ -139,7 +140,7 @@ def expected_arrays(meta: dict[str, Any]) -> list[set[str]]:
     return [{"S", "basis"}]
 
 
-def _check_meta(meta: dict[str, Any], path: Path) -> None:
+def _check_meta(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     where = f"{str(path)!r}: model.json"
     for key, (types, what) in _FIELDS.items():
         if key not in meta:
@@ -184,7 +185,7 @@ def read_model_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         has one of the wrong type, names other arrays than its kind needs, or its checksum does
         not match its array checksums.
     """
-    path = local_path(path)
+    path = as_path(path)
     f = path / "model.json"
     if not path.is_dir():
         raise InputError(f"model {str(path)!r} does not exist; create it with `lshdist learn`")
@@ -225,10 +226,10 @@ def load_model(path: str | os.PathLike[str]
     FormatError
         For any damage, naming the array.
     """
-    path = local_path(path)
+    path = as_path(path)
     meta = read_model_meta(path)
     try:
-        g = zarr.open_group(BoundedStore(path / "arrays"), mode="r", zarr_format=3)
+        g = zarr.open_group(open_store(path / "arrays"), mode="r", zarr_format=3)
         stored = _stored_arrays(g)
         arrays = {name: zarr_array(g, name) for name in meta["checksums"] if name in stored}
     except Exception as exc:

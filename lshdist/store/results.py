@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir, atomic_write_text
-from lshdist.store.files import check_file, load_json, local_path
+from lshdist.store.files import check_file, load_json
+from lshdist.store.objects import ObjectPath, as_path
 
 FORMAT = "lshdist-results"
 VERSION = 1
@@ -38,6 +39,16 @@ MANIFEST = "results.json"
 NEIGHBORS_SCHEMA = pa.schema([("query_id", pa.int64()), ("rank", pa.int32()),
                               ("neighbor_id", pa.int64()), ("distance", pa.float32())])
 STATS_SCHEMA = pa.schema([("query_id", pa.int64()), ("candidates", pa.int32())])
+
+
+def arrow_path(path: Path | ObjectPath) -> tuple[str, Any]:
+    """``(path, filesystem)`` for pyarrow: a local path as is, an object through its fsspec
+    file system."""
+    if isinstance(path, ObjectPath):
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        return path.key, PyFileSystem(FSSpecHandler(path.fs))
+    return str(path), None
 
 
 def part_name(chunk: int) -> str:
@@ -60,11 +71,13 @@ class PartWriter:
     the writer is closed, even for no queries."""
 
     def __init__(self, out_dir: str | os.PathLike[str], chunk: int) -> None:
-        root = Path(out_dir)
+        root = as_path(out_dir)
         self._paths = (root / "neighbors" / part_name(chunk), root / "stats" / part_name(chunk))
-        self._neighbors = pq.ParquetWriter(self._paths[0], NEIGHBORS_SCHEMA)
+        where, fs = arrow_path(self._paths[0])
+        self._neighbors = pq.ParquetWriter(where, NEIGHBORS_SCHEMA, filesystem=fs)
         try:
-            self._stats = pq.ParquetWriter(self._paths[1], STATS_SCHEMA)
+            where, fs = arrow_path(self._paths[1])
+            self._stats = pq.ParquetWriter(where, STATS_SCHEMA, filesystem=fs)
         except BaseException:
             self._neighbors.close()
             self._paths[0].unlink(missing_ok=True)
@@ -129,7 +142,10 @@ def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = Fal
         (tmp / "stats").mkdir()
         yield tmp
         parts = sorted(p.name for p in (tmp / "neighbors").glob("part-*.parquet"))
-        n = sum(pq.read_metadata(tmp / "stats" / p).num_rows for p in parts)
+        n = 0
+        for p in parts:
+            where, fs = arrow_path(tmp / "stats" / p)
+            n += pq.read_metadata(where, filesystem=fs).num_rows
         atomic_write_text(tmp / MANIFEST, json.dumps(
             {"format": FORMAT, "version": VERSION, "k": int(k), "queries": int(n),
              "parts": parts, "info": info or {}}, indent=2))
@@ -137,7 +153,7 @@ def write_results(path: str | os.PathLike[str], *, k: int, overwrite: bool = Fal
 
 @dataclass(frozen=True)
 class ResultsMeta:
-    path: Path
+    path: Path | ObjectPath
     k: int
     queries: int
     parts: tuple[str, ...]
@@ -145,7 +161,7 @@ class ResultsMeta:
 
 
 def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
-    root = local_path(path)
+    root = as_path(path)
     if not root.is_dir():
         raise InputError(f"results {str(root)!r} do not exist; run `lshdist query` first")
     f = root / MANIFEST
@@ -170,13 +186,16 @@ def read_meta(path: str | os.PathLike[str]) -> ResultsMeta:
     return ResultsMeta(root, k, n, parts, info if isinstance(info, dict) else {})
 
 
-def _read_part(root: Path, name: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+def _read_part(root: Path | ObjectPath, name: str, k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                         np.ndarray]:
     try:
         for sub in ("neighbors", "stats"):  # no device or FIFO read without end
             check_file(root / sub / name, root)
-        t = pq.read_table(root / "neighbors" / name, schema=NEIGHBORS_SCHEMA)
-        s = pq.read_table(root / "stats" / name, schema=STATS_SCHEMA)
+        where, fs = arrow_path(root / "neighbors" / name)
+        t = pq.read_table(where, schema=NEIGHBORS_SCHEMA, filesystem=fs)
+        where, fs = arrow_path(root / "stats" / name)
+        s = pq.read_table(where, schema=STATS_SCHEMA, filesystem=fs)
     except (OSError, pa.ArrowInvalid) as exc:
         raise FormatError(f"{str(root)!r}: part {name!r} is unreadable ({exc}); "
                           "run the query again") from None

@@ -35,8 +35,9 @@ import zarr
 from lshdist.errors import FormatError
 from lshdist.index.payload import DensePayload
 from lshdist.index.subspace import Group, Round
-from lshdist.store.bounded import BoundedStore
+from lshdist.store.bounded import open_store
 from lshdist.store.model import array_checksum, zarr_array
+from lshdist.store.objects import ObjectPath
 
 METHOD = "subspace"
 #: version of the ``subspace`` record and of the group segments
@@ -104,7 +105,7 @@ def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     if not path.is_dir():
         raise FormatError(f"{where} is missing ({str(path)!r}); {fix}")
     try:
-        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
+        g = zarr.open_group(open_store(path), mode="r", zarr_format=3)
         arrays = {k: zarr_array(g, k) for k in _GROUP_ARRAYS}
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); {fix}") from None
@@ -159,7 +160,7 @@ def read_subspaces(index_dir: str | os.PathLike[str], manifest: dict[str, Any]
     path = Path(index_dir) / SUBSPACES
     where = f"the subspaces of index {str(index_dir)!r} ({str(path)!r})"
     try:
-        g = zarr.open_group(BoundedStore(path), mode="r", zarr_format=3)
+        g = zarr.open_group(open_store(path), mode="r", zarr_format=3)
         arrays = {k: zarr_array(g, k) for k in ("bases", "center")}
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} are unreadable ({type(exc).__name__}: {exc}); "
@@ -186,7 +187,7 @@ def _is(v: Any, types: Any) -> bool:
     return isinstance(v, types)
 
 
-def check_subspace_manifest(meta: dict[str, Any], path: Path) -> None:
+def check_subspace_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     """Presence, type and range of a subspace index's manifest fields (its checksum, format
     and version are checked by `lshdist.store.index.read_manifest`)."""
     where = f"{str(path)!r}: index.json"

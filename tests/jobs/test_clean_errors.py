@@ -64,17 +64,31 @@ def test_a_dashboard_url_as_scheduler_is_one_line(small, capsys):
         check_scheduler_address(ok)
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/idx", "gs://b/x", "abfs://c@acct/x",
-                                 "https://host/x", "s3:/bucket/idx"])
-def test_object_storage_urls_are_refused_before_anything_is_written(small, capsys,
-                                                                    monkeypatch, url):
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("url,needles", [
+    ("https://host/x", ["unknown storage scheme 'https://'", "s3://, gs://, abfs://"]),
+    ("ftp://host/x", ["unknown storage scheme 'ftp://'"]),
+    ("s3:/bucket/idx", ["is not a local path (it starts like a URL)", "s3://BUCKET/PATH"]),
+    pytest.param("gs://b/x", ["gs:// needs the gcsfs package", "pip install 'lshdist[gcs]'"],
+                 marks=pytest.mark.skipif(_installed("gcsfs"), reason="gcsfs is installed")),
+    pytest.param("abfs://c@acct/x", ["abfs:// needs the adlfs package",
+                                     "pip install 'lshdist[azure]'"],
+                 marks=pytest.mark.skipif(_installed("adlfs"), reason="adlfs is installed")),
+])
+def test_urls_lshdist_cannot_serve_are_refused_before_anything_is_written(small, capsys,
+                                                                          monkeypatch, url,
+                                                                          needles):
     monkeypatch.chdir(small)
     for args in (["index", "--data", "data", "--model", "model", "--out", url],
                  ["index", "--data", url, "--model", "model", "--out", "idx"],
                  ["ingest", url, "--out", "new"], ["verify", url], ["info", url]):
         assert main(args) == 2
-        _one_line(capsys.readouterr().err, "object storage URLs are not supported yet: ",
-                  "use a local or shared POSIX path")
+        _one_line(capsys.readouterr().err, *needles)
     assert sorted(p.name for p in small.iterdir()) == ["data", "model"]  # no 's3:' folder
 
 
@@ -82,7 +96,7 @@ def test_file_urls_are_local_paths(small, capsys):
     assert local_path(f"file://{small}/data") == small / "data"
     assert main(["verify", f"file://{small}/data"]) == 0
     assert "OK dataset" in capsys.readouterr().out
-    with pytest.raises(InputError, match="object storage URLs are not supported yet"):
+    with pytest.raises(InputError, match="names another host; a file:// URL must name a local"):
         local_path("file://otherhost/x")
 
 
