@@ -291,3 +291,21 @@ def test_the_pool_builds_lists_only_for_search_lists(search, lists):
     pool = LocalPool(X, ActiveConfig(search=search, permutations=6, bits=32))
     pool.build("h-hash")
     assert pool.indexes["h-hash"].index_.sorted_rows_.shape == (lists, 300)
+
+
+def test_auroc_equals_scikit_learns_with_ties():
+    """The rank form of the AUROC is scikit-learn's ``roc_auc_score``, ties included (rounded
+    scores: many ties; a plain Mann-Whitney count without average ranks misses them), and NaN
+    for one class."""
+    from sklearn.metrics import roc_auc_score
+
+    from lshdist.active import _auroc
+
+    rng = np.random.default_rng(3)
+    for n, decimals in ((50, 1), (7528, 2), (7528, 8)):
+        pos = rng.random(n) < 0.07
+        score = np.round(rng.normal(size=n) + 0.8 * pos, decimals)
+        assert _auroc(pos, score) == pytest.approx(roc_auc_score(pos, score), abs=1e-12)
+        assert _auroc(pos, -score) == pytest.approx(1 - roc_auc_score(pos, score), abs=1e-12)
+    assert np.isnan(_auroc(np.zeros(5, bool), np.arange(5.0)))
+    assert np.isnan(_auroc(np.ones(5, bool), np.arange(5.0)))
