@@ -673,8 +673,8 @@ def rerank_sparse(offsets, rows, indptr, local, data, n_features, kx, sx, qindpt
                   zq, sq, k, tiebreak):
     """Exact implicit learned distance of every candidate, top-k ascending.
 
-    ``d = sx[i] + sq[q] - 2 (x_i^T q + kx[i]^T zq[q])`` where ``sx = ||x||^2 + k_x^T Q k_x``,
-    ``zq = Q k_q``.  Database rows are CSR over *local* feature numbers ``local`` (0 ..
+    ``d = sx[i] + sq[q] - 2 (x_i^T q + kx[i]^T zq[q])`` where ``sx = ||x||^2 + k_x^T F k_x``,
+    ``zq = F k_q``.  Database rows are CSR over *local* feature numbers ``local`` (0 ..
     n_features-1); ``qlocal`` maps each query entry to the same numbering (-1: a feature no
     database row has).  Each query is scattered once into a dense buffer, so ``x_i^T q`` is a
     branch-free gather over the candidate's nonzeros.

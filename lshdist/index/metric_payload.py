@@ -41,7 +41,7 @@ def make_payload(metric: Metric, X: RowsLike, *, query: bool = False,
         zq = kx
     else:
         kx = metric.kernel_values(X) if kx is None else kx
-        zq = kx @ metric.Q
+        zq = kx @ metric.kernel_form
         quad = np.einsum("ij,ij->i", zq, kx)
     sx = metric.kernel.diag(X) + quad
     indptr, indices, data = _sparse_arrays(X)

@@ -533,19 +533,23 @@ class DensePayload:
 
 
 class KernelPayload:
-    """Rows (CSR over uint64 feature ids), kernel values ``kx`` (N, c) and ``sx`` (N,).
+    """Rows (CSR over uint64 feature ids), ``cross`` (N, c) and ``sx`` (N,).
 
-    ``sx = ||phi(x)||^2 + k_x^T Q k_x``; on the query side ``kx`` holds ``zq = Q k_q``.
+    ``cross``: each row's factor of the kernel cross term ``k_x^T F k_q`` of a distance --
+    its kernel values ``k_x`` on the database side (stored as the array ``kx``), and
+    ``z_q = F k_q`` on the query side (a query payload is never stored), so that the re-rank
+    multiplies a database row's by a query's (F: `ImplicitMetric.kernel_form`);
+    ``sx = ||phi(x)||^2 + k_x^T F k_x``.
     """
 
     kind = "kernel"
 
-    def __init__(self, indptr: ArrayLike, indices: ArrayLike, data: ArrayLike, kx: ArrayLike,
-                 sx: ArrayLike):
+    def __init__(self, indptr: ArrayLike, indices: ArrayLike, data: ArrayLike,
+                 cross: ArrayLike, sx: ArrayLike):
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.indices = np.ascontiguousarray(indices, dtype=np.uint64)
         self.data = np.ascontiguousarray(data, dtype=np.float32)
-        self.kx = np.ascontiguousarray(kx, dtype=np.float32)
+        self.cross = np.ascontiguousarray(cross, dtype=np.float32)
         self.sx = np.ascontiguousarray(sx, dtype=np.float64)
 
     def prepare(self, n_threads: int = 1) -> None:
@@ -557,7 +561,7 @@ class KernelPayload:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"indptr": self.indptr, "indices": self.indices, "data": self.data,
-                "kx": self.kx, "sx": self.sx}
+                "kx": self.cross, "sx": self.sx}
 
     @classmethod
     def from_arrays(cls, a: dict[str, np.ndarray]) -> KernelPayload:
@@ -594,12 +598,12 @@ class KernelPayload:
         """Numbers per row an exact distance reads: nonzeros on average, plus c kernel values."""
         n = max(len(self), 1)
         return float(self.indptr[-1] - self.indptr[0]) / n + float(
-            self.kx.shape[1] if self.kx.ndim == 2 else 0)
+            self.cross.shape[1] if self.cross.ndim == 2 else 0)
 
     def take(self, rows: slice | np.ndarray) -> KernelPayload:
         """Rows ``rows``: a slice with step 1, or an integer array (any order)."""
         indptr, (indices, data) = csr_take(self.indptr, (self.indices, self.data), rows)
-        return KernelPayload(indptr, indices, data, self.kx[rows], self.sx[rows])
+        return KernelPayload(indptr, indices, data, self.cross[rows], self.sx[rows])
 
     def block(self, start: int = 0, stop: int | None = None) -> SparseBlock:
         stop = len(self) if stop is None else stop
@@ -618,9 +622,9 @@ class KernelPayload:
 
     def rerank(self, offsets: np.ndarray, rows: np.ndarray, query: KernelPayload, k: int,
                tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if query.kx.shape[1] != self.kx.shape[1]:  # the kernel reads c entries of each query
-            raise InputError(f"queries have {query.kx.shape[1]} kernel columns, the index "
-                             f"{self.kx.shape[1]}: were they encoded with the index's model?")
+        if query.cross.shape[1] != self.cross.shape[1]:  # the kernel reads c of each query
+            raise InputError(f"queries have {query.cross.shape[1]} kernel columns, the index "
+                             f"{self.cross.shape[1]}: were they encoded with the index's model?")
         features, local = self._local()
         pos = np.searchsorted(features, query.indices)
         posc = np.minimum(pos, max(len(features) - 1, 0))
@@ -628,8 +632,8 @@ class KernelPayload:
             np.zeros(len(query.indices), bool))
         qlocal = np.where(hit, posc, -1).astype(np.int32)
         dist, top = rerank_sparse(offsets, rows, self.indptr, local, self.data, len(features),
-                                  self.kx, self.sx, query.indptr, qlocal, query.data,
-                                  query.kx.astype(np.float64), query.sx, k, tiebreak)
+                                  self.cross, self.sx, query.indptr, qlocal, query.data,
+                                  query.cross.astype(np.float64), query.sx, k, tiebreak)
         return refuse_overflow(dist, top)
 
     def scan_slack(self, query: KernelPayload) -> tuple[np.ndarray, np.ndarray, float]:
@@ -637,7 +641,8 @@ class KernelPayload:
         the slack scales with ``|s_x| + |s_q| + 2 (|x| |q| + |k_x| |z_q|)`` at its largest."""
         sx_max, x_max, kx_max = self._magnitudes()
         q_norm = np.sqrt(query.block().row_norms_sq())
-        kq_norm = np.linalg.norm(query.kx.astype(np.float64), axis=1) if query.kx.size else 0.0
+        kq_norm = (np.linalg.norm(query.cross.astype(np.float64), axis=1) if query.cross.size
+                   else 0.0)
         scale = sx_max + np.abs(query.sx) + 2.0 * (x_max * q_norm + kx_max * kq_norm)
         return np.zeros(len(query)), f64_slack(scale), REL_F64_PAYLOAD
 
@@ -646,7 +651,7 @@ class KernelPayload:
         got = getattr(self, "_mags", None)
         if got is None:
             x2 = self.block().row_norms_sq() if len(self) else np.zeros(1)
-            kx = np.linalg.norm(self.kx.astype(np.float64), axis=1) if self.kx.size else (
+            kx = np.linalg.norm(self.cross.astype(np.float64), axis=1) if self.cross.size else (
                 np.zeros(1))
             sx = np.abs(self.sx) if len(self) else np.zeros(1)
             got = self._mags = (float(sx.max()), float(np.sqrt(x2.max())), float(kx.max()))
@@ -656,9 +661,9 @@ class KernelPayload:
         """Distances from the queries to all rows, float64 (Q, N)."""
         if not hasattr(self, "_block"):
             self._block = self.block()
-        cross = query.block().dot_t(self._block)
-        cross += query.kx.astype(np.float64) @ self.kx.astype(np.float64).T
-        D: np.ndarray = np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * cross, 0.0)
+        dot = query.block().dot_t(self._block)
+        dot += query.cross.astype(np.float64) @ self.cross.astype(np.float64).T
+        D: np.ndarray = np.maximum(self.sx[None, :] + query.sx[:, None] - 2 * dot, 0.0)
         return D
 
 

@@ -110,8 +110,8 @@ class ExplicitMetric:
 class ImplicitMetric:
     """``A = G^T G`` with ``G = I + Phi S Phi^T`` over c basis points (kernelized ITML).
 
-    ``d_A(x, q) = ||phi(x) - phi(q)||^2 + (k_x - k_q)^T Q (k_x - k_q)`` with ``k_x = Phi^T phi(x)``
-    and ``Q = S + S^T + S^T K0 S`` (expanding ``G^T G``).
+    ``d_A(x, q) = ||phi(x) - phi(q)||^2 + (k_x - k_q)^T F (k_x - k_q)`` with ``k_x = Phi^T phi(x)``
+    and the c x c form ``F = S + S^T + S^T K0 S`` (expanding ``G^T G``; `kernel_form`).
 
     Parameters
     ----------
@@ -131,7 +131,8 @@ class ImplicitMetric:
         self.kernel = get_kernel(kernel)
         self.d = int(d)
         self.K0 = self.kernel(self.basis, self.basis)
-        self.Q = self.S + self.S.T + self.S.T @ self.K0 @ self.S
+        #: F, the form of the learned term over kernel values (not stored: made from S)
+        self.kernel_form = self.S + self.S.T + self.S.T @ self.K0 @ self.S
         self.c = n_rows(self.basis)
         self.is_identity = not self.S.any()
         #: how sets of local features become this metric's rows (None: rows are given)
@@ -165,20 +166,21 @@ class ImplicitMetric:
         base = (self.kernel.diag(BX)[:, None] + self.kernel.diag(BY)[None, :]
                 - 2 * self.kernel(BX, BY))
         kx, ky = self.kernel(BX, self.basis), self.kernel(BY, self.basis)
-        Qx, Qy = kx @ self.Q, ky @ self.Q
+        Fx, Fy = kx @ self.kernel_form, ky @ self.kernel_form
         learned = (
-            np.einsum("ij,ij->i", Qx, kx)[:, None]
-            + np.einsum("ij,ij->i", Qy, ky)[None, :]
-            - 2 * Qx @ ky.T
+            np.einsum("ij,ij->i", Fx, kx)[:, None]
+            + np.einsum("ij,ij->i", Fy, ky)[None, :]
+            - 2 * Fx @ ky.T
         )
         out: np.ndarray = np.maximum(base + learned, 0.0)
         return out
 
     def similarity(self, X: RowsLike, Y: RowsLike) -> np.ndarray:
-        """``s_A(x, y) = phi(x)^T A phi(y) = k(x, y) + k_x^T Q k_y``."""
+        """``s_A(x, y) = phi(x)^T A phi(y) = k(x, y) + k_x^T F k_y``."""
         BX, BY = self.check(X), self.check(Y)
         out: np.ndarray = (self.kernel(BX, BY)
-                           + self.kernel(BX, self.basis) @ self.Q @ self.kernel(BY, self.basis).T)
+                           + self.kernel(BX, self.basis) @ self.kernel_form
+                           @ self.kernel(BY, self.basis).T)
         return out
 
     def explicit_G(self) -> np.ndarray:

@@ -42,7 +42,7 @@ def test_payload_take_by_array():
     kp = KernelPayload(indptr, indices, data, rng.normal(size=(n, 4)), rng.random(n))
     rows = np.array([4, 1, 3])
     t = kp.take(rows)
-    assert np.array_equal(t.kx, kp.kx[rows]) and np.array_equal(t.sx, kp.sx[rows])
+    assert np.array_equal(t.cross, kp.cross[rows]) and np.array_equal(t.sx, kp.sx[rows])
     assert np.array_equal(np.diff(t.indptr), np.diff(indptr)[rows])
     ms = MarginSparsePayload(indptr, indices, data, rng.random(n))
     mt = ms.take(rows)
