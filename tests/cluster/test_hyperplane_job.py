@@ -1,4 +1,4 @@
-"""Hyperplane queries on Dask (issue 13): ``lshdist index --family`` and ``lshdist query
+"""Hyperplane queries on Dask: ``lshdist index --family`` and ``lshdist query
 --hyperplanes``, against `HyperplaneIndex` in one process and the exhaustive margins.
 
 Each test names the bug it catches; each was checked once by planting that bug.

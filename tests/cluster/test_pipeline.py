@@ -1,4 +1,4 @@
-"""Distributed index and query (issue 5): same results everywhere, failures contained."""
+"""Distributed index and query: same results everywhere, failures contained."""
 
 import contextlib
 import os

@@ -1,4 +1,4 @@
-"""A bulk ``lshdist query --mode auto`` calibrates on a sample of its own queries (issue 10).
+"""A bulk ``lshdist query --mode auto`` calibrates on a sample of its own queries.
 
 A database holding near-copies of its rows (augmented data) makes its own rows easy queries:
 the index's build-time calibration (leave-one-out) picks a point whose recall on real queries

@@ -1,4 +1,4 @@
-"""The subspace-partition index on Dask (issue 15): ``lshdist index --method subspace`` and
+"""The subspace-partition index on Dask: ``lshdist index --method subspace`` and
 ``lshdist query`` of such an index.
 
 The distributed build must be the one-process `SubspaceIndex` on the same rows and seed (same

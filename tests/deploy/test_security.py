@@ -1,4 +1,4 @@
-"""Security of the clusters lshdist starts or joins (issue 12, item 3).
+"""Security of the clusters lshdist starts or joins: TLS, loopback-only listening.
 
 * TLS (marked ``cluster``): self-signed CA and certificates made with ``openssl``; a
   ``dask scheduler --protocol tls`` and 2 ``dask worker`` processes on 127.0.0.1; ``lshdist

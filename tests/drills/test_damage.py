@@ -1,4 +1,4 @@
-"""Damage drills (issue 9): every way of damaging an index or a model on disk is refused with an
+"""Damage drills: every way of damaging an index or a model on disk is refused with an
 lshdist error (exit code 2 at the CLI, no traceback), never answered and never a crash.
 
 Two small indexes are built in-process with the real pipeline: a dense one (explicit metric,

@@ -1,4 +1,4 @@
-"""SIGKILL drills (issue 9): ``lshdist index`` (--overwrite), ``index --append``, ``query``
+"""SIGKILL drills: ``lshdist index`` (--overwrite), ``index --append``, ``query``
 (--overwrite) and ``ingest`` (--overwrite) are run as CLI subprocesses and killed with SIGKILL
 at a seeded random moment between 0.2 s and the command's measured duration.  After each kill:
 

@@ -1,4 +1,4 @@
-"""Frozen-scheduler drills (issue 9): an external ``dask scheduler`` stopped with SIGSTOP (it
+"""Frozen-scheduler drills: an external ``dask scheduler`` stopped with SIGSTOP (it
 still accepts TCP connections, the kernel queues them, but never answers) must make
 ``lshdist query --scheduler ...`` exit 2 with a one-line message within ~30 s — no traceback,
 no hang, nothing at ``--out`` — whether it is frozen before the query connects or while it

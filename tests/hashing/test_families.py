@@ -40,8 +40,9 @@ def _asymmetric_basis_model(seed: int = 0):
 
 
 def test_learned_implicit_basis_route_asymmetric_S_equals_explicit_G():
-    """Issue 17 item 2.  Bug caught: gamma^r = S (Phi^T r) instead of S^T (Phi^T r) (the papers'
-    index typo) -- invisible with the span route, whose S is symmetric."""
+    """The implicit family over the basis equals the explicit G.  Bug caught: gamma^r =
+    S (Phi^T r) instead of S^T (Phi^T r) (the papers' index typo) -- invisible with the span
+    route, whose S is symmetric."""
     X, m = _asymmetric_basis_model()
     bits, seed = 48, 7
     fam = LearnedImplicit(m, bits=bits, seed=seed)

@@ -521,7 +521,8 @@ def test_calibration_makes_the_search_structures_before_timing(monkeypatch):
 
 
 def _pooled_reference(stats, counts, Q, N, ms, ws, hs, parts=1):
-    """`pooled_points` one point at a time with numpy scalars (its form until session 16)."""
+    """`pooled_points` one point at a time with numpy scalars (its earlier form: the
+    reference the vectorised one must equal)."""
     from lshdist.index.calibrate import Point
 
     hits = np.sum([h for h, _ in stats], axis=0)

@@ -1,4 +1,5 @@
-"""Equal distances are ordered by id, not by row, in every search path (issue 17).
+"""Equal distances are ordered by id, not by row, in every search path (answers must not
+depend on how rows were stored, sharded or segmented).
 
 Ids do not rise with rows (a shuffled, non-contiguous sample of 0..10**6); data are small
 integers, so distances are exact and duplicate rows tie exactly; references are

@@ -1,4 +1,4 @@
-"""``lshdist active`` (issue 13 item 3, one-process scale): the digits of scikit-learn as pool
+"""``lshdist active`` at one-process scale: the digits of scikit-learn as pool
 and test sets, every selection method, outputs and the margin ordering the paper reports.
 
 Bugs each assertion catches are named beside it.
@@ -48,7 +48,7 @@ def test_active_learning_job(digits, tmp_path, search):
         assert v["auroc_improvement_mean"][0] == 0.0  # improvement over round 0
         assert len(v["final_auroc_improvement_per_class"]) == 10  # one binary problem a class
     # the selected margins: exhaustive is the minimum over the pool; hashing finds far smaller
-    # margins than random.  Measured (session 9 defaults: SVMs at unit RMS norm, centred keys,
+    # margins than random.  Measured (under the defaults: SVMs at unit RMS norm, centred keys,
     # bias at their RMS norm), one binary hyperplane a query: exhaustive 0.0055, random 0.750;
     # rank (256 bits, 60 of 1,300 rows): h-hash 0.031, eh-hash 0.064 (H-Hash's score is
     # linear in the angle, EH-Hash's quadratic); lists (M=8, W=4): eh-hash 0.158, h-hash

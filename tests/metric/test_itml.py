@@ -54,7 +54,7 @@ def test_both_kernel_routes_give_GtG_equal_A(toy):
 
 
 def test_span_route_offsets_make_the_true_distances_meet_the_constraints():
-    """Issue 17 item 3.  Pairs outside the basis, d > c: the span route learns W on psi with
+    """Pairs outside the basis, d > c: the span route learns W on psi with
     ``||(I-P)(a-b)||^2`` added to every length.  With hard constraints, the learned metric's
     *true* distances (through the explicit G, and through d_A) must meet the bound.  Bug caught:
     the offset dropped (then psi's part alone reaches u and the true distance is u + offset)."""
@@ -114,7 +114,7 @@ def test_singular_basis_is_handled(toy, caplog):
 
 
 def test_letter_learned_metric_beats_l2(letter):
-    """Issue 3: the explicit learner with its documented defaults reaches >= 96.5 % 1-NN."""
+    """The explicit learner with its documented defaults reaches >= 96.5 % 1-NN on Letter."""
     Xtr, ytr, Xte, yte = letter
     G = ITML().fit(Xtr, ytr).metric()
     acc = {}
