@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from lshdist.blocks import as_block, n_rows
+from lshdist.config import IndexConfig
 from lshdist.index.searcher import MetricIndex
 from lshdist.metric.knn import knn_predict
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
@@ -51,13 +52,20 @@ def baseline_metric(ml: ExplicitMetric | ImplicitMetric, X_train: RowsLike
 
 @dataclass
 class HashSettings:
-    bits: int = 512
-    epsilon: float | None = None
-    n_permutations: int | None = None
-    window: int | None = 1
-    hamming_keep: int | None = 0
-    seed: int = 0
-    target_recall: float | None = None  # calibrate the parameters left None for this recall
+    """The hashed search `evaluate` and `sweep` measure: `IndexConfig`'s parameters, with its
+    defaults (defaults live in `lshdist.config`), and rows where the config has paths.  M, W
+    and H given are fixed; left None they are calibrated for ``target_recall``, or without a
+    target taken as `MetricIndex` takes them (M from epsilon, W = 1, H = 0: all)."""
+
+    bits: int = IndexConfig.bits
+    epsilon: float | None = IndexConfig.epsilon
+    n_permutations: int | None = IndexConfig.permutations
+    window: int | None = IndexConfig.window
+    hamming_keep: int | None = IndexConfig.hamming_keep
+    seed: int = IndexConfig.seed
+    #: the recall to calibrate the parameters left None for; None: no calibration (the
+    #: parameters as given) -- `lshdist evaluate` passes `IndexConfig.target_recall`
+    target_recall: float | None = None
     calibration_queries: Any = None  # rows like the real queries to calibrate with
     n_threads: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
