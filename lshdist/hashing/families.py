@@ -62,6 +62,12 @@ class HashFamily:
     #: the metric whose candidates are re-ranked (None: a baseline family without one)
     metric: Metric | None
 
+    def __init__(self, *, bits: int, seed: int = 0) -> None:
+        """Every family's key length and seed, checked here once (`check_bits`: a family
+        built from code, not from a config, meets the config's rule too)."""
+        self.bits = check_bits(bits)
+        self.seed = int(seed)
+
     def project(self, X: RowsLike) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -120,10 +126,9 @@ class RandomHyperplanes(HashFamily):
 
     def __init__(self, *, d: int, bits: int, seed: int = 0, center: np.ndarray | None = None,
                  metric: Metric | None = None):
+        super().__init__(bits=bits, seed=seed)
         self.metric = metric  # the metric its candidates are re-ranked under (if any)
         self.d = int(d)
-        self.bits = check_bits(bits)
-        self.seed = int(seed)
         self.center = center
         self._R: np.ndarray | None = None
         self._offset: np.ndarray
@@ -160,9 +165,8 @@ class LearnedExplicit(HashFamily):
     metric: ExplicitMetric
 
     def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):
+        super().__init__(bits=bits, seed=seed)
         self.metric = metric
-        self.bits = check_bits(bits)
-        self.seed = int(seed)
         self.RG = gaussian_matrix(self.seed, metric.d, self.bits) @ metric.G
         c = metric.center
         self.offset = np.zeros(self.bits) if c is None else self.RG @ c.astype(np.float64)
@@ -193,9 +197,8 @@ class LearnedImplicit(HashFamily):
     metric: ImplicitMetric
 
     def __init__(self, metric: ImplicitMetric, *, bits: int, seed: int = 0):
+        super().__init__(bits=bits, seed=seed)
         self.metric = metric
-        self.bits = check_bits(bits)
-        self.seed = int(seed)
         self._dense_R: np.ndarray | None = None
         PhiR = self._direct(metric.basis)  # (c, b): Phi^T r for every bit
         self.Gamma = metric.S.T @ PhiR

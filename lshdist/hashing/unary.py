@@ -35,10 +35,9 @@ class UnaryHyperplanes(HashFamily):
     name = "unary-charikar"
 
     def __init__(self, quanta: np.ndarray, *, bits: int, seed: int = 0) -> None:
+        super().__init__(bits=bits, seed=seed)
         self.metric = None
         self.quanta = np.asarray(quanta, np.float64)
-        self.bits = check_bits(bits)
-        self.seed = int(seed)
 
     def project(self, X: object) -> np.ndarray:
         if not isinstance(X, SparseBlock):

@@ -110,8 +110,22 @@ def test_keys_do_not_depend_on_chunking(split, seed):
 
 
 def test_bad_bits():
-    with pytest.raises(InputError, match="bits=0"):
-        RandomHyperplanes(d=3, bits=0)
+    """Every family checks its key length in one place (HashFamily's constructor)."""
+    from lshdist.hashing.unary import UnaryHyperplanes
+    from lshdist.limits import MAX_BITS
+    from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
+
+    explicit = ExplicitMetric.identity(3)
+    implicit = ImplicitMetric.identity(np.eye(3, dtype=np.float32), d=3)
+    for make in (lambda b: RandomHyperplanes(d=3, bits=b),
+                 lambda b: LearnedExplicit(explicit, bits=b),
+                 lambda b: LearnedImplicit(implicit, bits=b),
+                 lambda b: UnaryHyperplanes(np.ones(3), bits=b)):
+        for bad in (0, MAX_BITS + 1, 8.0, True):
+            with pytest.raises(InputError, match=rf"bits={bad!r}: the number of hash bits "
+                                                 rf"must be an integer in 1\.\.{MAX_BITS}"):
+                make(bad)
+        assert make(np.int64(7)).bits == 7 and make(np.int64(7)).seed == 0
     with pytest.raises(InputError, match="X has 4 features, but the hash family has d=3"):
         RandomHyperplanes(d=3, bits=8).hash(np.zeros((2, 4), np.float32))
 
