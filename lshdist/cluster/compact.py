@@ -26,14 +26,13 @@ answering (the old segments are the orphans).
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import _progress
+from lshdist.cluster.pipeline import COMMIT_RETRIES, _progress
 from lshdist.config import ClusterConfig
 from lshdist.errors import InputError
 from lshdist.store.index import (
@@ -41,10 +40,12 @@ from lshdist.store.index import (
     new_segment_name,
     pack_segments,
     read_manifest,
+    read_manifest_tagged,
+    remove_unnamed,
     require_permutation,
-    segment_path,
     write_manifest,
 )
+from lshdist.store.objects import CommitConflict, ObjectPath, as_path
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def compaction_groups(entries: Sequence[dict[str, Any]], *, min_segments: int,
 class CompactPlan:
     """A checked compaction (the groups are planned again under the lock when it runs)."""
 
-    index: Path
+    index: Path | ObjectPath
     min_segments: int
     segment_rows: int
     groups: list[list[int]]
@@ -103,7 +104,7 @@ def plan_compact(index: str, *, min_segments: int, segment_rows: int,
                          "larger --segment-rows")
     groups = compaction_groups(manifest["segments"], min_segments=min_segments,
                                segment_rows=segment_rows)
-    return CompactPlan(Path(index), min_segments, segment_rows, groups,
+    return CompactPlan(as_path(index), min_segments, segment_rows, groups,
                        len(manifest["segments"]), refit)
 
 
@@ -134,12 +135,43 @@ def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
     return op
 
 
+def _swap(plan: CompactPlan, manifest: dict[str, Any], tag: str | None, op: dict[str, Any],
+          new_entries: list[dict[str, Any]], merged: dict[str, dict[str, Any]],
+          replaced: set[str]) -> list[dict[str, Any]]:
+    """Commit the compacted manifest; returns its segments.  On object storage, when an append
+    committed meanwhile, the merged segments replace theirs in that newer manifest (the
+    appended ones kept) and the commit is tried again; a compaction that raced another
+    compaction of the same segments is refused."""
+    for _ in range(COMMIT_RETRIES + 1):
+        try:
+            write_manifest(plan.index, {**manifest, **op, "segments": new_entries}, expect=tag)
+            return new_entries
+        except CommitConflict:
+            manifest, tag = read_manifest_tagged(plan.index)
+            now = {e["name"] for e in manifest["segments"]}
+            if not replaced <= now:
+                raise InputError(f"index {str(plan.index)!r} was compacted by another job "
+                                 "meanwhile; this compaction was dropped (the index is whole)"
+                                 ) from None
+            rows = manifest["rows"]
+            new_entries = [merged.get(e["name"], e) for e in manifest["segments"]
+                           if e["name"] in merged or e["name"] not in replaced]
+            if sum(e["rows"] for e in new_entries) != rows:
+                raise InputError("compaction lost rows; the index is unchanged") from None
+            log.info("index %s: an append landed during the compaction; merged, committing "
+                     "again", plan.index)
+    raise InputError(f"index {str(plan.index)!r}: too many commits during the compaction; "
+                     "nothing was changed, run it again")
+
+
 def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
                 stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
     """Merge the planned groups on ``client`` under the index lock; returns ``{before, after,
     merged}`` (segment counts and the number of segments merged away)."""
     with index_lock(plan.index, timeout=lock_timeout):
-        manifest = read_manifest(plan.index)  # an append may have landed since planning
+        # an append may have landed since planning; on object storage one may land during the
+        # compaction too (no lock): the swap is conditional on this read (`_swap`)
+        manifest, tag = read_manifest_tagged(plan.index)
         entries = manifest["segments"]
         groups = compaction_groups(entries, min_segments=plan.min_segments,
                                    segment_rows=plan.segment_rows)
@@ -165,14 +197,16 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
             if sum(e["rows"] for e in new_entries) != manifest["rows"]:
                 raise InputError("compaction lost rows; the index is unchanged")
             op = _recalibrated(client, plan, manifest, new_entries, stall) if plan.refit else {}
-            write_manifest(plan.index, {**manifest, **op, "segments": new_entries})  # the swap
+            new_entries = _swap(plan, manifest, tag, op, new_entries,
+                                {entries[g[0]]["name"]: e for g, e in zip(groups, merged)},
+                                {entries[i]["name"] for i in gone})
         except BaseException:
             client.cancel(futures)
-            for name in names:  # not named by any manifest: what the tasks wrote goes
-                shutil.rmtree(segment_path(plan.index, name), ignore_errors=True)
+            # not named by any manifest: what the tasks wrote goes
+            remove_unnamed(plan.index, names)
             raise
-        for i in sorted(gone):  # after the swap: nobody refers to them any more
-            shutil.rmtree(segment_path(plan.index, entries[i]["name"]), ignore_errors=True)
+        # after the swap: nobody refers to them any more
+        remove_unnamed(plan.index, [entries[i]["name"] for i in sorted(gone)])
     log.info("compacted %s: %d -> %d segments", plan.index, len(entries), len(new_entries))
     return {"before": len(entries), "after": len(new_entries),
             "merged": len(entries) - len(new_entries)}

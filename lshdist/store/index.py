@@ -737,12 +737,14 @@ def index_lock(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
 
 # -- leftovers -----------------------------------------------------------------------------
 
-def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path | ObjectPath]:
+def list_orphans(index_dir: str | os.PathLike[str], *, min_age: float | None = None
+                 ) -> list[Path | ObjectPath]:
     """Files and directories of an index that nothing refers to.
 
     Segment directories that the manifest does not name (a build that failed or is still
     running), temporary and replaced copies (``.*.tmp-*``, ``.*.old-*``) inside the index and
-    beside it (of the index directory itself).
+    beside it (of the index directory itself).  On object storage: the unnamed segments older
+    than ``min_age`` seconds (`ORPHAN_AGE`; no lock tells a running append's from a dead one's).
 
     Raises
     ------
@@ -750,7 +752,7 @@ def list_orphans(index_dir: str | os.PathLike[str]) -> list[Path | ObjectPath]:
         As `read_manifest`: without a valid manifest nothing can be called an orphan.
     """
     if is_url(index_dir):
-        return list(_object_orphans(ObjectPath(str(index_dir))))
+        return list(_object_orphans(ObjectPath(str(index_dir)), min_age))
     root = Path(index_dir)
     manifest = read_manifest(root)
     named = {e["name"] for e in manifest["segments"]}
@@ -805,11 +807,12 @@ def remove_unnamed(index_dir: str | os.PathLike[str], names: Iterable[str]) -> N
 
 
 def remove_orphans(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
-                   dry_run: bool = False) -> list[Path | ObjectPath]:
+                   dry_run: bool = False, min_age: float | None = None
+                   ) -> list[Path | ObjectPath]:
     """Remove what `list_orphans` finds, holding `index_lock` (no build is running meanwhile);
     returns what was (or, with ``dry_run``, would be) removed."""
     with index_lock(index_dir, timeout=timeout):
-        found = list_orphans(index_dir)
+        found = list_orphans(index_dir, min_age=min_age)
         if not dry_run:
             for p in found:
                 if isinstance(p, ObjectPath):
