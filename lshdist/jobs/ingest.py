@@ -10,7 +10,7 @@ from typing import Any
 
 from lshdist.jobs.common import add_cluster_options, non_negative_int, positive_int
 from lshdist.store.atomic import check_output
-from lshdist.store.objects import tree_bytes
+from lshdist.store.objects import local_copies, tree_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -148,17 +148,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def _read(args: argparse.Namespace, inputs: list[str], labels: list[str] | None) -> Any:
     from lshdist.inputs import read_inputs
 
-    if args.features is not None:
-        return run_features(args)
-    start = time.perf_counter()
-    check_output(args.out, args.overwrite)  # refuse before spending time reading
-    data = read_inputs(
-        args.inputs,
+    return read_inputs(
+        inputs,
         format=args.format,
-        labels=args.labels,
+        labels=labels,
         label_column=args.label_column,
         header=args.header,
         id_column=args.id_column,
@@ -166,6 +162,16 @@ def run(args: argparse.Namespace) -> int:
         weighting=args.weighting,
         idf_from=args.idf_from,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.features is not None:
+        return run_features(args)
+    start = time.perf_counter()
+    check_output(args.out, args.overwrite)  # refuse before spending time reading
+    with local_copies([*args.inputs, *(args.labels or [])]) as files:
+        n = len(args.inputs)
+        data = _read(args, files[:n], files[n:] or None)
     if args.rows is not None:
         data = data.rows(*args.rows)
     ds = data.write(args.out, shard_rows=args.shard_rows, overwrite=args.overwrite)

@@ -439,6 +439,42 @@ def as_path(path: str | os.PathLike[str] | ObjectPath) -> Path | ObjectPath:
     return local_path(path)
 
 
+@contextlib.contextmanager
+def local_copies(paths: list[str]) -> Iterator[list[str]]:
+    """``paths`` with every object-store URL among them (an input file, or a dataset to
+    re-shard) copied into a temporary local directory, names kept, for the input readers that
+    open files (numpy, gzip, CSV, IDX); local paths pass through.  The copies go when the
+    block ends.  The driver reads every input whole either way: a copy costs local disk, not a
+    second read.
+
+    Raises
+    ------
+    InputError
+        For a URL naming nothing (``input ... does not exist``) or a failing store.
+    """
+    import tempfile
+
+    urls = [p for p in paths if is_url(p)]
+    if not urls:
+        yield list(paths)
+        return
+    with tempfile.TemporaryDirectory(prefix="lshdist-inputs-") as tmp:
+        out = []
+        for i, p in enumerate(paths):
+            if not is_url(p):
+                out.append(p)
+                continue
+            src = ObjectPath(p)
+            if not src.exists():
+                raise InputError(f"input {src.url!r} does not exist")
+            dst = Path(tmp) / str(i) / src.name
+            dst.parent.mkdir()
+            with store_errors(src.url):
+                src.fs.get(src.key, str(dst), recursive=src.is_dir())
+            out.append(str(dst))
+        yield out
+
+
 def tree_bytes(path: Path | ObjectPath) -> int:
     """The bytes of every file (object) under ``path``."""
     if isinstance(path, ObjectPath):

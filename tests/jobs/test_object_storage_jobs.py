@@ -204,3 +204,55 @@ def test_letter_on_s3_with_two_workers_and_compaction(bucket, letter, tmp_path, 
     assert _lshdist("compact", f"{root}/idx", "--min-segments", "2") == 0
     assert _lshdist("verify", f"{root}/idx") == 0
     assert _lshdist("gc", f"{root}/idx", "--min-age", "0.001") == 0
+
+
+def test_ingest_reads_its_inputs_from_s3(bucket, letter_small, tmp_path, capsys):
+    train, _ = letter_small
+    src = ObjectPath(f"{bucket}/inputs/train.npz")
+    src.write_bytes(train.read_bytes())
+    assert _lshdist("ingest", src.url, "--out", f"{bucket}/tr") == 0
+    assert _lshdist("ingest", str(train), "--out", str(tmp_path / "tr")) == 0
+    from lshdist.store.dataset import Dataset
+
+    assert Dataset(f"{bucket}/tr").attrs["checksums"] == Dataset(tmp_path / "tr").attrs[
+        "checksums"]
+    capsys.readouterr()
+    assert _lshdist("ingest", f"{bucket}/inputs/nothing.npz", "--out", f"{bucket}/x") == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not ObjectPath(f"{bucket}/x").exists()
+
+
+def test_an_append_that_loses_the_commit_race_merges_and_retries(bucket, letter, letter_small,
+                                                                 tmp_path, monkeypatch, caplog):
+    """The race made certain: the append reads the manifest as it was before another append
+    committed (a stale version tag), so its conditional write fails; it reads again, merges its
+    segments into the newer manifest and commits -- both appends are in the index."""
+    import logging
+
+    import lshdist.cluster.pipeline as pipeline
+    from lshdist.store.index import read_manifest, read_manifest_tagged, segment_ids
+
+    train, test = letter_small
+    root = f"{bucket}/run"
+    _pipeline(root, train, test, "--in-process")
+    b0, b1 = _batches(letter, tmp_path, 2)
+    for i, p in enumerate((b0, b1)):
+        assert _lshdist("ingest", str(p), "--out", f"{root}/b{i}") == 0
+    stale = read_manifest_tagged(f"{root}/idx")
+    assert _lshdist("index", "--data", f"{root}/b0", "--model", f"{root}/model", "--out",
+                    f"{root}/idx", "--append", "--in-process") == 0
+    calls = []
+
+    def first_stale(index_dir):
+        calls.append(index_dir)
+        return stale if len(calls) == 1 else read_manifest_tagged(index_dir)
+
+    monkeypatch.setattr(pipeline, "read_manifest_tagged", first_stale)
+    with caplog.at_level(logging.INFO, logger="lshdist"):
+        assert _lshdist("index", "--data", f"{root}/b1", "--model", f"{root}/model", "--out",
+                        f"{root}/idx", "--append", "--in-process") == 0
+    assert "another job committed first; merging and retrying" in caplog.text
+    m = read_manifest(f"{root}/idx")
+    ids = np.concatenate([segment_ids(f"{root}/idx", e) for e in m["segments"]])
+    assert m["rows"] == len(ids) == len(np.unique(ids)) == 5000
+    assert set(range(4000, 5000)) <= set(ids.tolist())
