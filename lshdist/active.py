@@ -95,6 +95,11 @@ def _on_features(X: Block, features: np.ndarray | None) -> Block:
     return SparseBlock(X.over(features), features)
 
 
+def eh_terms(s: ActiveConfig) -> int | None:
+    """EH-Hash's ``terms`` (m) of the settings: None for 0 (every entry)."""
+    return s.eh_terms or None
+
+
 def _query_rows(pool: Block, w: np.ndarray) -> Block:
     """A normal over the pool's columns as a query row (sparse pools: over feature ids)."""
     W = w[None, :]
@@ -152,9 +157,10 @@ class LocalPool:
             # of --permutations
             family=method, bits=s.bits, window=s.window,
             n_permutations=s.permutations if s.search == "lists" else 1,
-            samples=s.eh_samples if method == "eh-hash" else None, bias=True,
+            samples=s.eh_samples if method == "eh-hash" else None,
+            terms=eh_terms(s) if method == "eh-hash" else None, bias=True,
             center=s.center, seed=s.seed,
-        ).fit(self.pool, n_threads=os.cpu_count() or 1)  # EH-Hash: nnz^2 pairs a row
+        ).fit(self.pool, n_threads=os.cpu_count() or 1)  # EH-Hash: up to m^2 / 2 pairs a row
         self.build_seconds[method] = time.perf_counter() - t0
         log.info("%s index of %d pool rows: %.1fs", method, self.n, self.build_seconds[method])
         # compile / load the query kernels before any selection is timed
@@ -198,6 +204,7 @@ class DistributedPool:
         self.pools[method] = ClusterPool(
             self.client, self.path, family=method, bits=s.bits, seed=s.seed,
             samples=s.eh_samples if method == "eh-hash" else None,
+            terms=eh_terms(s) if method == "eh-hash" else None,
             lists=s.permutations if s.search == "lists" else 1, window=s.window,
             center=s.center)
         self.build_seconds[method] = self.pools[method].build_seconds
@@ -262,6 +269,12 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
         raise InputError("run_active needs the pool's rows or a distributed pool")
     # float64 once: a float32 matrix times float64 coefficients is upcast at every call
     test_rows = _rows(_on_features(test, P.features)).astype(np.float64)
+    log.info("active learning: %d pool rows, %d one-vs-all classes, methods %s, %d rounds x "
+             "%d runs: %d SVM fits and %d selections a method; %s", N, len(classes),
+             ", ".join(methods), s.rounds, s.runs, len(classes) * (s.rounds + 1) * s.runs,
+             len(classes) * s.rounds * s.runs,
+             eh_estimate(pool, s, len(classes) * s.rounds * s.runs) if "eh-hash" in methods
+             else "the time of a round is logged after the first")
     for m in methods:
         if m in ("h-hash", "eh-hash"):
             P.build(m)
@@ -273,6 +286,7 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
         "unconverged": np.zeros((s.runs, C, R + 1)),
         "accuracy": np.full((s.runs, R + 1), np.nan)} for m in methods}
     in_run = np.isin(y_test, classes)  # multi-class accuracy: test rows of the classes run
+    clock = _Rounds(s.runs * len(methods) * (R + 1), progress)
     for run in range(s.runs):
         rng0 = np.random.default_rng([s.seed, run])
         start = np.concatenate([rng0.choice(np.flatnonzero(y_pool == c), s.initial,
@@ -311,9 +325,9 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                         rec["auroc"][run, ci, r] = _auroc(y_test == c, dec[:, ci])
                     rec["accuracy"][run, r] = np.mean(
                         classes[dec[in_run].argmax(1)] == y_test[in_run])
-                if progress and r % 50 == 0:
-                    progress(f"run {run + 1}/{s.runs} {m} round {r}/{R}: mean AUROC "
-                             f"{np.mean(rec['auroc'][run, :, r]):.4f}")
+                clock.tick(f"run {run + 1}/{s.runs} {m} round {r}/{R}: mean AUROC "
+                           f"{np.nanmean(rec['auroc'][run, :, r]):.4f}",
+                           r % max(1, R // 10) == 0 or r == R)
             missed = int(rec["unconverged"][run].sum())
             if missed:
                 log.warning("run %d/%d %s: %d of %d SVM fits stopped at liblinear's %d "
@@ -327,6 +341,69 @@ def run_active(pool: Block | None, y_pool: np.ndarray, test: Block, y_test: np.n
                          f"{1e3 * np.nanmean(rec['seconds'][run]):.2f} ms/round")
     return {"records": out, "build_seconds": P.build_seconds, "n_pool": N,
             "classes": [int(c) for c in classes], "svm_scale": scale}
+
+
+class _Rounds:
+    """Progress over all rounds of all methods and runs: after the first round an estimate of
+    the whole loop, then each reported line with the time so far and an estimate of the rest
+    (the mean time of a round so far: methods differ, so it is corrected as they run)."""
+
+    def __init__(self, total: int, progress: Callable[[str], None] | None) -> None:
+        self.total, self.progress, self.done = total, progress, 0
+        self.t0 = time.perf_counter()
+
+    def tick(self, what: str, report: bool) -> None:
+        self.done += 1
+        if self.progress is None:
+            return
+        spent = time.perf_counter() - self.t0
+        left = spent / self.done * (self.total - self.done)
+        if self.done == 1:
+            self.progress(f"the first round took {spent:.2f} s: the {self.total} rounds of "
+                          f"every run and method about {_minutes(spent * self.total)}")
+        elif report:
+            self.progress(f"{what} ({self.done}/{self.total} rounds in "
+                          f"{_minutes(spent)}, about {_minutes(left)} left)")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def eh_estimate(pool: Block | None, s: ActiveConfig, queries: int) -> str:
+    """The EH-Hash work announced before it starts: the pool's pairs x bits (its rows with the
+    bias feature, each cut to ``eh_terms``) and a hyperplane query's bound, at
+    `EH_SECONDS_PER_PAIR_BIT` on the cores of this machine (the hashing logs its own estimate
+    and progress as it runs)."""
+    from lshdist.hashing.hyperplane import EH_SECONDS_PER_PAIR_BIT
+
+    m = eh_terms(s)
+    if pool is None:
+        return "EH-Hash hashed on the cluster"
+    if isinstance(pool, SparseBlock):
+        nnz = np.diff(pool.matrix.indptr).astype(np.float64) + 1  # + the bias feature
+    else:
+        nnz = np.full(n_rows(pool), float(pool.shape[1] + 1))
+    if m is not None:
+        nnz = np.minimum(nnz, m)
+    work = float((nnz * (nnz + 1) / 2).sum()) * s.bits
+    threads = os.cpu_count() or 1
+    head = (f"EH-Hash of the pool {work:.3g} pair-bits, about "
+            f"{_minutes(work * EH_SECONDS_PER_PAIR_BIT / threads)} on {threads} idle core(s), "
+            f"rows cut to their {m} largest entries" if m is not None else
+            f"EH-Hash of the pool {work:.3g} pair-bits (every entry), about "
+            f"{_minutes(work * EH_SECONDS_PER_PAIR_BIT / threads)} on {threads} idle core(s)")
+    if s.eh_samples is not None:
+        per = s.eh_samples * s.bits * EH_SECONDS_PER_PAIR_BIT
+        return (f"{head}; {queries} hyperplane queries sampled, {s.eh_samples} x {s.bits} "
+                f"pair-bits each, about {_minutes(per * queries)} in all")
+    if m is None:
+        return (f"{head}; each of {queries} hyperplane queries nnz(w) (nnz(w) + 1) / 2 x "
+                f"{s.bits} pair-bits exact (an SVM normal over thousands of features: seconds "
+                "each; --eh-terms m bounds it)")
+    per = m * (m + 1) / 2 * s.bits * EH_SECONDS_PER_PAIR_BIT
+    return (f"{head}; {queries} hyperplane queries at most {m * (m + 1) // 2 * s.bits:.3g} "
+            f"pair-bits each, about {_minutes(per * queries)} in all")
 
 
 #: pool rows sampled for the SVMs' scale factor

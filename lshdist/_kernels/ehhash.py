@@ -117,3 +117,49 @@ def eh_matrix(features, seed, mult, table):
                 U[b, i, j] = g[b]
                 U[b, j, i] = g[b]
     return U
+
+
+@njit(cache=True, nogil=True)
+def top_terms(indptr, indices, data, m):
+    """Each CSR row cut to its ``m`` entries of largest ``|value|`` (ties: the smaller feature
+    id first; zeros never kept), the kept entries in the row's order: ``(indptr int64 (n+1,),
+    indices uint64, data float64)``.  A row with at most m nonzeros is kept whole."""
+    n = indptr.shape[0] - 1
+    new_ptr = np.zeros(n + 1, dtype=np.int64)
+    for r in range(n):
+        nz = 0
+        for p in range(indptr[r], indptr[r + 1]):
+            if data[p] != 0:
+                nz += 1
+        new_ptr[r + 1] = new_ptr[r] + min(nz, m)
+    out_i = np.empty(new_ptr[n], dtype=np.uint64)
+    out_d = np.empty(new_ptr[n], dtype=np.float64)
+    for r in range(n):
+        lo, hi = indptr[r], indptr[r + 1]
+        k = new_ptr[r + 1] - new_ptr[r]
+        if k == 0:
+            continue
+        keep = np.zeros(hi - lo, dtype=np.bool_)
+        if k == hi - lo:
+            keep[:] = True
+        else:
+            # by feature id, then (stable) by decreasing |value|: the first k
+            by_id = np.argsort(indices[lo:hi], kind="mergesort")
+            mag = np.empty(hi - lo)
+            for q in range(hi - lo):
+                mag[q] = -abs(np.float64(data[lo + by_id[q]]))
+            order = by_id[np.argsort(mag, kind="mergesort")]
+            taken = 0
+            for q in order:
+                if taken == k:
+                    break
+                if data[lo + q] != 0:
+                    keep[q] = True
+                    taken += 1
+        o = new_ptr[r]
+        for q in range(hi - lo):
+            if keep[q]:
+                out_i[o] = indices[lo + q]
+                out_d[o] = np.float64(data[lo + q])
+                o += 1
+    return new_ptr, out_i, out_d

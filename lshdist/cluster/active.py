@@ -146,15 +146,15 @@ class ClusterPool:
     writes), so that a selected id is a row."""
 
     def __init__(self, client: Any, data_path: str, *, family: str, bits: int, seed: int,
-                 samples: int | None = None, lists: int = 1, window: int = 1,
-                 segment_rows: int | None = None, center: bool = False) -> None:
+                 samples: int | None = None, terms: int | None = None, lists: int = 1,
+                 window: int = 1, segment_rows: int | None = None, center: bool = False) -> None:
         check_pool(data_path)
         ds = Dataset(data_path)
         self.client = client
         self.n = ds.n
         self.d = ds.d
         self.family = hyperplane_family(family, d=ds.d, bits=bits, seed=seed, bias=True,
-                                        samples=samples)
+                                        samples=samples, terms=terms)
         self.paired = isinstance(self.family, HHash)
         bounds = [int(b) for b in ds.shard_bounds]
         workers = sorted(client.scheduler_info().get("workers", {}))

@@ -384,6 +384,8 @@ class HyperplaneIndex:
     bits : key length (H-Hash: two per function, so even)
     n_permutations, epsilon, window, hamming_keep : see `PermutationIndex` (default W=1, H=0)
     samples : EH-Hash: t for the sampled query embedding (None: exact)
+    terms : EH-Hash: rows and normals hashed over their m largest entries (None: every entry;
+        `lshdist.hashing.hyperplane.EHHash`)
     bias : hyperplanes ``w^T x + b = 0`` (``offsets`` b given to ``query``)
     center : dense rows: the keys hash ``x - mu`` (mu the mean of the fitted rows, ``center_``)
         and queries ``(w, b + w^T mu)``, the same hyperplane in centred coordinates.  Points
@@ -404,7 +406,8 @@ class HyperplaneIndex:
     def __init__(self, *, family: str = "h-hash", bits: int = 64,
                  n_permutations: int | None = None, epsilon: float | None = None,
                  window: int = 1, hamming_keep: int = 0, samples: int | None = None,
-                 bias: bool = False, center: bool = False, bias_scale: float | None = None,
+                 terms: int | None = None, bias: bool = False, center: bool = False,
+                 bias_scale: float | None = None,
                  seed: int = 0) -> None:
         self.family = family
         self.bits = bits
@@ -413,6 +416,7 @@ class HyperplaneIndex:
         self.window = window
         self.hamming_keep = hamming_keep
         self.samples = samples
+        self.terms = terms
         self.bias = bias
         self.center = center
         self.bias_scale = bias_scale
@@ -427,6 +431,7 @@ class HyperplaneIndex:
         d = 1 if isinstance(B, SparseBlock) else int(B.shape[1])
         self.family_ = hyperplane_family(self.family, d=d, bits=self.bits, seed=self.seed,
                                          bias=self.bias, samples=self.samples,
+                                         terms=self.terms,
                                          n_threads=n_threads)
         self.center_: np.ndarray | None = None
         sums = None  # one pass over the rows gives the centre and the bias constant

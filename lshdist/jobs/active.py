@@ -80,8 +80,8 @@ def active_job(pool_path: str, test_path: str, out: Any, cfg: ActiveConfig,
             result = run_active(pool, y_pool, test, y_test, settings=cfg, progress=log.info)
         summary = {"format": FORMAT, "settings": {k: getattr(cfg, k) for k in (
             "methods", "rounds", "runs", "initial", "bits", "search", "candidates", "permutations",
-            "window", "eh_samples", "C", "svm_scale", "class_weight", "classes", "eval_every",
-            "center", "seed")}, "distributed": bool(cfg.distributed),
+            "window", "eh_samples", "eh_terms", "C", "svm_scale", "class_weight", "classes",
+            "eval_every", "center", "seed")}, "distributed": bool(cfg.distributed),
             **summarize(result)}
         if "bytes_per_pool_row" in result:
             summary["bytes_per_pool_row"] = result["bytes_per_pool_row"]

@@ -13,6 +13,7 @@ from lshdist._kernels.ehhash import (
     eh_multipliers,
     eh_project_rows,
     eh_project_sampled,
+    top_terms,
 )
 from lshdist.hashing.hyperplane import gaussian_table
 
@@ -163,3 +164,42 @@ def test_pair_gaussians_are_standard_normal_and_uncorrelated():
     C = np.corrcoef(G.T)
     assert np.abs(C[np.triu_indices(bits, 1)]).max() < 0.03
     assert np.abs(np.corrcoef(G[:-1, 0], G[1:, 0])[0, 1]) < 0.03
+
+
+def top_terms_ref(indptr, indices, data, m):
+    """Each row's m largest |value| (ties: smaller feature id), zeros dropped, row order kept."""
+    ptr, ids, vals = [0], [], []
+    for r in range(len(indptr) - 1):
+        i, v = indices[indptr[r]:indptr[r + 1]], data[indptr[r]:indptr[r + 1]]
+        nz = np.flatnonzero(v != 0)
+        order = nz[np.lexsort((i[nz], -np.abs(v[nz])))][:m]
+        keep = np.sort(order)
+        ids.extend(i[keep]), vals.extend(v[keep]), ptr.append(ptr[-1] + len(keep))
+    return np.array(ptr), np.array(ids, np.uint64), np.array(vals)
+
+
+def test_top_terms_equals_reference():
+    """The m largest entries of each row against numpy's lexsort, with ties in |value| across
+    feature ids not in row order, explicit zeros, a row shorter than m and an empty row.
+    Bugs caught: ties broken by position instead of feature id (the key of a row would depend
+    on how its entries are stored), the smallest entries kept (sign of the sort key), values
+    compared with their signs (a large negative entry dropped), zeros kept, the row order
+    lost (entries moved to another feature)."""
+    ip = np.array([0, 6, 8, 8, 13], np.int64)
+    ix = np.array([50, 7, 900, 3, 2**63 + 1, 12, 4, 5, 9, 1, 8, 2, 6], np.uint64)
+    data = np.array([0.5, -2.0, 0.5, 0.0, 1.0, -0.5, 3.0, 0.0, 1.0, -1.0, 1.0, 0.1, -1.0])
+    for m in (1, 2, 3, 4, 10):
+        got = top_terms(ip, ix, data, m)
+        ref = top_terms_ref(ip, ix, data, m)
+        for g, e in zip(got, ref):
+            np.testing.assert_array_equal(g, e)
+    ids = top_terms(ip, ix, data, 3)[1]
+    assert ids[:3].tolist() == [7, 2**63 + 1, 12]  # -2, 1, then -0.5 at 12 before 0.5s
+    assert ids[3:4].tolist() == [4] and ids[4:].tolist() == [1, 8, 6]  # |v| = 1: ids 1, 6, 8
+    rng = np.random.default_rng(8)
+    X = np.round(rng.normal(size=(40, 30)), 1) * (rng.random((40, 30)) < 0.5)
+    feats = rng.choice(2**40, 30, replace=False).astype(np.uint64)
+    a, b, c = _csr(X, feats)
+    for m in (5, 17):
+        for g, e in zip(top_terms(a, b, c, m), top_terms_ref(a, b, c, m)):
+            np.testing.assert_array_equal(g, e)

@@ -152,6 +152,73 @@ def test_sparse_rows_hash_like_dense_rows():
                                    atol=1e-5)
 
 
+def _cut(X: np.ndarray, m: int) -> np.ndarray:
+    """Numpy reference of the terms cut: each row's m largest |entries| (ties: lower column),
+    the rest zeroed."""
+    out = np.zeros_like(X)
+    for r, x in enumerate(X):
+        nz = np.flatnonzero(x)
+        keep = nz[np.lexsort((nz, -np.abs(x[nz])))][:m]
+        out[r, keep] = x[keep]
+    return out
+
+
+def test_ehhash_terms_is_ehhash_of_the_cut_rows():
+    """EH-Hash with terms=m is EH-Hash of each row and normal cut to its m largest entries
+    (numpy reference), on dense rows (the dense-U path and the pairs path), sparse rows over
+    feature ids 0..d-1, with the bias feature among the entries, both sides and the sampled
+    query side; rows with at most m nonzeros hash as before.  Bugs caught: the cut on one
+    side only (the query side exact), the bias feature appended after the cut (m + 1 entries
+    hashed), the smallest entries kept, the sampled route ignoring the cut."""
+    import scipy.sparse as sp
+
+    import lshdist.hashing.hyperplane as hp
+
+    rng = np.random.default_rng(12)
+    X = np.round(rng.normal(size=(15, 9)), 2)
+    X[rng.random(X.shape) < 0.3] = 0
+    W = rng.normal(size=(6, 9))
+    W[0, 3:] = 0  # at most m nonzeros with the bias: hashed whole
+    b = rng.normal(size=6)
+    S = SparseBlock.from_csr(sp.csr_matrix(X.astype(np.float32)))
+    ones = np.ones((len(X), 1))
+    for m in (1, 4, 7):
+        plain = EHHash(d=10, bits=64, seed=3)
+        cut = EHHash(d=9, bits=64, seed=3, bias=True, terms=m)
+        expect_p = plain.project(_cut(np.hstack([X, ones]), m))
+        expect_q = plain.project_queries(_cut(np.hstack([W, b[:, None]]), m))
+        np.testing.assert_allclose(cut.project(X), expect_p, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(cut.project_queries(W, b), expect_q, rtol=1e-9, atol=1e-9)
+        sampled = EHHash(d=9, bits=64, seed=3, bias=True, terms=m, samples=40)
+        np.testing.assert_allclose(
+            sampled.project_queries(W, b),
+            EHHash(d=10, bits=64, seed=3, samples=40).project_queries(
+                _cut(np.hstack([W, b[:, None]]), m)), rtol=1e-9, atol=1e-9)
+        # sparse rows (the pairs kernel): the same projections as the dense rows
+        cut_s = EHHash(d=1, bits=64, seed=3, terms=m)
+        np.testing.assert_allclose(cut_s.project(S),
+                                   EHHash(d=9, bits=64, seed=3).project(
+                                       _cut(X.astype(np.float32).astype(np.float64), m)),
+                                   rtol=1e-5, atol=1e-5)
+    # the pairs path of dense rows (U too large to materialise): the same cut
+    old = hp.DENSE_U_ENTRIES
+    try:
+        hp.DENSE_U_ENTRIES = 0
+        np.testing.assert_allclose(EHHash(d=9, bits=64, seed=3, bias=True, terms=4).project(X),
+                                   EHHash(d=10, bits=64, seed=3).project(
+                                       _cut(np.hstack([X, ones]), 4)), rtol=1e-9, atol=1e-9)
+    finally:
+        hp.DENSE_U_ENTRIES = old
+    whole = EHHash(d=9, bits=64, seed=3, bias=True)
+    np.testing.assert_allclose(
+        EHHash(d=9, bits=64, seed=3, bias=True, terms=4).project_queries(W[:1], b[:1]),
+        whole.project_queries(W[:1], b[:1]), rtol=1e-12)
+    with pytest.raises(InputError, match=r"terms=0: m must be an integer >= 1"):
+        EHHash(d=9, bits=64, terms=0)
+    with pytest.raises(InputError, match=r"terms \(m\) applies to eh-hash only"):
+        hyperplane_family("h-hash", d=9, bits=64, terms=5)
+
+
 def test_sparse_hashing_does_not_depend_on_the_block():
     """A row's key is the same alone and among other rows.  Bug caught: counters from local
     column numbers of the block."""
