@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import datetime
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -870,7 +871,7 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
                              "learning hashes the pool itself); remove them, or the 'active' "
                              "section for a k-NN run")
     return RunConfig(
-        workdir=Path(raw["workdir"]), name=name,
+        workdir=_workdir(raw["workdir"], where), name=name,
         train=from_mapping(DataSpec, data["train"], where=f"{where}.data.train"),
         test=from_mapping(DataSpec, data["test"], where=f"{where}.data.test"),
         learn=from_mapping(LearnConfig, raw.get("learn"), where=f"{where}.learn"),
@@ -883,6 +884,17 @@ def load_run_config(path: str | os.PathLike[str]) -> RunConfig:
     )
 
 
+def _workdir(value: Any, where: str) -> Path:
+    """A config's ``workdir``: a local (or shared) directory -- a run keeps its stages' state
+    and plots there; an object-storage URL would become a local folder named ``s3:``."""
+    text = str(value)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", text) and not text.startswith("file:"):
+        raise InputError(f"{where}.workdir: {text!r} is a URL; a run's workdir is a local or "
+                         "shared directory (object storage serves the single jobs: ingest, "
+                         "learn, index, query with s3://... paths)")
+    return Path(text.removeprefix("file://"))
+
+
 def load_job_config(path: str | os.PathLike[str]) -> JobConfig:
     """A `JobConfig` (a batch job of ``jobs/``) from a YAML file; ``${VAR}`` is expanded."""
     raw, where = _read_yaml(path, _JOB_SECTIONS)
@@ -891,7 +903,7 @@ def load_job_config(path: str | os.PathLike[str]) -> JobConfig:
         raise InputError(f"{where}.allow_outside_workdir: expected true or false, got "
                          f"{outside!r}")
     return JobConfig(
-        workdir=Path(raw["workdir"]), path=Path(path), allow_outside_workdir=outside,
+        workdir=_workdir(raw["workdir"], where), path=Path(path), allow_outside_workdir=outside,
         paths=from_mapping(PathsConfig, raw.get("paths"), where=f"{where}.paths"),
         index=from_mapping(IndexConfig, raw.get("index"), where=f"{where}.index"),
         query=from_mapping(QueryConfig, raw.get("query"), where=f"{where}.query"),

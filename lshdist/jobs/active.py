@@ -67,7 +67,9 @@ def active_job(pool_path: str, test_path: str, out: Any, cfg: ActiveConfig,
     from lshdist.active import check_active, plot, run_active, summarize
     from lshdist.blocks import SparseBlock
     from lshdist.store.atomic import atomic_dir, check_output
+    from lshdist.store.objects import require_local
 
+    require_local(out, "active --out (curves and plots)")
     check_output(out, overwrite, kind=FORMAT, inputs=(pool_path, test_path))  # before any work
     test, y_test = _load(test_path, "test")
     with atomic_dir(out, overwrite=overwrite, kind=FORMAT, inputs=(pool_path, test_path)) as tmp:

@@ -12,6 +12,7 @@ from lshdist.errors import InputError
 from lshdist.jobs.common import int_list, positive_int
 from lshdist.jobs.learn import learn, validation_line
 from lshdist.store.atomic import atomic_dir, check_output
+from lshdist.store.objects import require_local
 
 log = logging.getLogger(__name__)
 KIND = "lshdist-evaluation"
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from lshdist.tradeoff import measure_tradeoff
 
     index_cfg, learn_cfg = from_args(IndexConfig, args), from_args(LearnConfig, args)
+    require_local(args.out, "evaluate --out (a report with plots)")
     check_output(args.out, args.overwrite, kind=KIND, inputs=(args.train, args.test, args.model))
     train, test = Dataset(args.train), Dataset(args.test)
     if train.kind != test.kind:

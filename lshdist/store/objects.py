@@ -489,6 +489,21 @@ def resolved(path: str | os.PathLike[str] | ObjectPath) -> str:
     return str(p.resolve())
 
 
+def require_local(path: str | os.PathLike[str] | ObjectPath, what: str) -> None:
+    """Refuse an object-store URL where a job writes local files only (``what``: the option
+    and why), before any work.
+
+    Raises
+    ------
+    InputError
+        For an object-store URL.
+    """
+    if is_url(path):
+        raise InputError(f"{what}: {str(path)!r} is an object-storage URL; give a local or "
+                         "shared directory (object storage serves datasets, models, indexes "
+                         "and results)")
+
+
 def check_bucket(url: str) -> None:
     """Refuse an object-store URL whose bucket does not exist or cannot be reached with the
     credentials given -- before anything is written.

@@ -256,3 +256,20 @@ def test_an_append_that_loses_the_commit_race_merges_and_retries(bucket, letter,
     ids = np.concatenate([segment_ids(f"{root}/idx", e) for e in m["segments"]])
     assert m["rows"] == len(ids) == len(np.unique(ids)) == 5000
     assert set(range(4000, 5000)) <= set(ids.tolist())
+
+
+def test_jobs_that_write_local_files_refuse_a_url_before_any_work(tmp_path, capsys,
+                                                                  monkeypatch):
+    """evaluate and active write reports and plots, a run's workdir keeps its stages: an
+    object-storage URL there is refused up front (no cluster started, nothing written)."""
+    monkeypatch.chdir(tmp_path)
+    assert _lshdist("evaluate", "--train", "tr", "--test", "te", "--out", "s3://b/eval") == 2
+    err = capsys.readouterr().err
+    assert "evaluate --out (a report with plots): 's3://b/eval' is an object-storage URL" in err
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("workdir: s3://bucket/run\ndata:\n  train: {inputs: [a.npy]}\n"
+                   "  test: {inputs: [b.npy]}\n")
+    assert _lshdist("run", str(cfg)) == 2
+    assert "workdir: 's3://bucket/run' is a URL; a run's workdir is a local" in (
+        capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
