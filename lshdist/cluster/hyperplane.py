@@ -60,6 +60,7 @@ from lshdist.store.index import (
     read_manifest,
     write_manifest,
 )
+from lshdist.store.objects import ObjectPath, as_path
 from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
@@ -220,11 +221,11 @@ def run_hyperplane_build(client: Any, plan: BuildPlan, *,
 class HyperplaneQueryPlan:
     """A checked hyperplane query: everything `run_hyperplane_query` needs."""
 
-    index: Path
+    index: Path | ObjectPath
     source: str | np.ndarray  # a dataset path, or the normals (Q, d) of a .npy file
     n: int
     ids: np.ndarray | None  # query ids of an array source (its rows)
-    out: Path
+    out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
     manifest: dict[str, Any]
@@ -286,8 +287,8 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
     if cfg.candidates is not None and mode != "rank":
         raise InputError("--candidates applies to --mode rank of a hyperplane query")
     op = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
-    return HyperplaneQueryPlan(Path(index), source, n, ids, Path(out), cfg, overwrite, manifest,
-                               mode, op)
+    return HyperplaneQueryPlan(as_path(index), source, n, ids, as_path(out), cfg, overwrite,
+                               manifest, mode, op)
 
 
 def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,

@@ -52,6 +52,7 @@ from lshdist.store.index import (
     write_manifest,
 )
 from lshdist.store.model import read_model_meta
+from lshdist.store.objects import ObjectPath, as_path, resolved
 from lshdist.store.subspace import (
     METHOD,
     SUBSPACE_VERSION,
@@ -195,8 +196,8 @@ class SubspaceBuildPlan:
     """A checked subspace index build: everything `run_subspace_build` needs."""
 
     data: Dataset
-    model: Path
-    out: Path
+    model: Path | ObjectPath
+    out: Path | ObjectPath
     cfg: IndexConfig
     overwrite: bool
     manifest: dict[str, Any]
@@ -235,9 +236,9 @@ def plan_subspace_build(*, data: str, model: str, out: str, cfg: IndexConfig,
                           n_probe=cfg.probe, n_candidates=cfg.candidates, seed=cfg.seed)
     min_group = probe.check_params(ds.d)  # the one-process index's own checks
     manifest = {"format": FORMAT, "version": VERSION, "method": METHOD,
-                "model": str(Path(model).resolve()), "model_checksum": meta["checksum"],
+                "model": resolved(model), "model_checksum": meta["checksum"],
                 "kind": meta["kind"], "d": ds.d, "seed": cfg.seed}
-    return SubspaceBuildPlan(ds, Path(model), Path(out), cfg, overwrite, manifest, min_group)
+    return SubspaceBuildPlan(ds, as_path(model), as_path(out), cfg, overwrite, manifest, min_group)
 
 
 @dataclass
@@ -259,7 +260,7 @@ def partition(client: Any, data: Dataset, model: str, cfg: IndexConfig, min_grou
     import dask.array as da
     from dask.delayed import delayed
 
-    metric = delayed(load_metric, pure=True)(str(Path(model).resolve()))
+    metric = delayed(load_metric, pure=True)(resolved(model))
     X = data.to_dask()
     Z = client.persist(X.map_blocks(transform_block, metric, dtype=np.float32,
                                       meta=np.empty((0, 0), np.float32)))

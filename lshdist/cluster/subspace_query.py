@@ -46,6 +46,7 @@ from lshdist.index.subspace import probe_mask, search_group
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import index_method, read_manifest
+from lshdist.store.objects import ObjectPath, as_path
 from lshdist.store.results import write_results
 from lshdist.store.subspace import METHOD, GroupSegment, read_group, read_subspaces
 
@@ -161,9 +162,9 @@ def group_truth_ranks(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarra
 class SubspaceQueryPlan:
     """A checked query of a subspace index: everything `run_subspace_query` needs."""
 
-    index: Path
+    index: Path | ObjectPath
     queries: Dataset
-    out: Path
+    out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
     manifest: dict[str, Any]
@@ -199,7 +200,7 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
         mode = "hash"
         probe = cfg.probe if cfg.probe is not None else rec["n_probe"]
         cand = cfg.candidates if cfg.candidates is not None else rec["n_candidates"]
-    return SubspaceQueryPlan(Path(index), qds, Path(out), cfg, overwrite, manifest, mode,
+    return SubspaceQueryPlan(as_path(index), qds, as_path(out), cfg, overwrite, manifest, mode,
                              probe, cand)
 
 

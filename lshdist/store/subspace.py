@@ -37,7 +37,7 @@ from lshdist.index.payload import DensePayload
 from lshdist.index.subspace import Group, Round
 from lshdist.store.bounded import open_store
 from lshdist.store.model import array_checksum, zarr_array
-from lshdist.store.objects import ObjectPath
+from lshdist.store.objects import ObjectPath, as_path
 
 METHOD = "subspace"
 #: version of the ``subspace`` record and of the group segments
@@ -143,7 +143,7 @@ def write_subspaces(index_dir: str | os.PathLike[str], bases: np.ndarray,
     from lshdist.store.index import segment_zarr_arrays
 
     arrays = {"bases": np.asarray(bases, np.float64), "center": np.asarray(center, np.float64)}
-    segment_zarr_arrays(Path(index_dir) / SUBSPACES, arrays,
+    segment_zarr_arrays(as_path(index_dir) / SUBSPACES, arrays,
                         {"method": METHOD, "version": SUBSPACE_VERSION})
     return _checksum(arrays)
 
@@ -157,7 +157,7 @@ def read_subspaces(index_dir: str | os.PathLike[str], manifest: dict[str, Any]
     FormatError
         For a missing, unreadable, altered or inconsistent ``subspaces/`` group.
     """
-    path = Path(index_dir) / SUBSPACES
+    path = as_path(index_dir) / SUBSPACES
     where = f"the subspaces of index {str(index_dir)!r} ({str(path)!r})"
     try:
         g = zarr.open_group(open_store(path), mode="r", zarr_format=3)

@@ -72,6 +72,7 @@ def test_the_pipeline_on_s3_answers_as_on_local_disk(bucket, letter_small, tmp_p
     assert not any(p.name.startswith("s3") for p in tmp_path.iterdir())  # nothing local
 
 
+@pytest.mark.drills
 def test_a_flipped_byte_in_a_segment_object_is_refused(bucket, letter_small, capsys):
     train, test = letter_small
     root = f"{bucket}/run"
@@ -110,10 +111,10 @@ def test_a_missing_bucket_is_one_line_and_nothing_is_written(s3_server, letter_s
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no local 's3:' folder
 
 
-def _append_proc(root, data, seed_env=None):
+def _append_proc(root, data):
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "lshdist"), "index", "--data", data, "--model", f"{root}/model",
-         "--out", f"{root}/idx", "--append", "--in-process"],
+        [str(Path(sys.executable).parent / "lshdist"), "index", "--data", data, "--model",
+         f"{root}/model", "--out", f"{root}/idx", "--append", "--in-process"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
 
 
@@ -222,6 +223,7 @@ def test_ingest_reads_its_inputs_from_s3(bucket, letter_small, tmp_path, capsys)
     assert not ObjectPath(f"{bucket}/x").exists()
 
 
+@pytest.mark.drills
 def test_an_append_that_loses_the_commit_race_merges_and_retries(bucket, letter, letter_small,
                                                                  tmp_path, monkeypatch, caplog):
     """The race made certain: the append reads the manifest as it was before another append
@@ -273,3 +275,29 @@ def test_jobs_that_write_local_files_refuse_a_url_before_any_work(tmp_path, caps
     assert "workdir: 's3://bucket/run' is a URL; a run's workdir is a local" in (
         capsys.readouterr().err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+
+
+@pytest.mark.cluster
+def test_subspace_and_hyperplane_indexes_on_s3(bucket, letter_small, tmp_path):
+    """The other index kinds on s3:// answer as on local disk."""
+    train, test = letter_small
+    W = np.random.default_rng(0).normal(size=(20, 16)).astype(np.float32)
+    np.save(tmp_path / "W.npy", W)
+    answers = []
+    for root in (f"{bucket}/run", tmp_path / "run"):
+        _pipeline(root, train, test, "--in-process")
+        for args in (["index", "--data", f"{root}/tr", "--model", f"{root}/model", "--out",
+                      f"{root}/sub", "--method", "subspace", "--seed", "2"],
+                     ["query", "--index", f"{root}/sub", "--queries", f"{root}/te", "--out",
+                      f"{root}/subres", "--mode", "hash"],
+                     ["index", "--data", f"{root}/tr", "--model", f"{root}/model", "--out",
+                      f"{root}/hyp", "--family", "h-hash", "--seed", "2"],
+                     ["query", "--index", f"{root}/hyp", "--hyperplanes",
+                      str(tmp_path / "W.npy"), "--out", f"{root}/hres"],
+                     ["verify", f"{root}/sub"], ["verify", f"{root}/hyp"]):
+            assert _lshdist(*args, "--in-process") == 0 if args[0] != "verify" else (
+                _lshdist(*args) == 0), args
+        answers.append([read_results(f"{root}/{r}") for r in ("subres", "hres")])
+    for remote, local in zip(*answers):
+        np.testing.assert_array_equal(remote[1][np.argsort(remote[0])],
+                                      local[1][np.argsort(local[0])])
