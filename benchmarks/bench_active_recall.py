@@ -30,6 +30,10 @@ Dense pools in mode "rank" also get a *stages* table (`stage_times`): hashing th
 the key scores and selection, the re-rank, and the whole query, cold (right after an
 exhaustive product) and warm.  "index bytes / row": the keys, lists, ids and payload.
 
+``BENCH_FAMILIES=h-hash,eh-hash`` adds EH-Hash, its rows and normals cut to their
+``BENCH_EH_TERMS`` largest entries (default 64, `lshdist active`'s; 0: every entry -- on 20
+Newsgroups an SVM normal then costs 5-18 s a query at 256 bits).
+
 ``BENCH_NAME`` names the results file (default ``active_recall_{BENCH_DATA}``).
 """
 
@@ -58,6 +62,7 @@ EXTRA = int(os.environ.get("EXTRA", "100"))
 REPS = int(os.environ.get("BENCH_REPS", "15"))  # alternated timing pairs per hyperplane
 K = 10
 SVM_SCALE = os.environ.get("BENCH_SVM_SCALE", "rms")
+EH_TERMS = int(os.environ.get("BENCH_EH_TERMS", "64")) or None
 #: threads of the hashed query (the exhaustive product has the BLAS threads, as many); one
 #: hyperplane's query runs on one of them (`rank_search` shares hyperplanes among threads)
 THREADS = int(os.environ.get("BENCH_QUERY_THREADS", str(common.N_THREADS)))
@@ -186,8 +191,9 @@ def main():
         for bits in BITS:
             for center in centres:
                 t0 = time.perf_counter()
+                terms = EH_TERMS if fam == "eh-hash" else None
                 idx = HyperplaneIndex(family=fam, bits=bits, n_permutations=MW[0][0],
-                                      window=MW[0][1], bias=True, center=center
+                                      window=MW[0][1], bias=True, center=center, terms=terms
                                       ).fit(X, n_threads=common.N_THREADS)
                 build = time.perf_counter() - t0
                 searches = ([("lists", M, W) for M, W in MW if "lists" in SEARCH]
@@ -221,6 +227,7 @@ def main():
                         rnd_top.append(m[r].min())
                     ratio = np.array(ex_secs) / np.array(secs)
                     rows.append({"family": fam, "bits": bits, "centred": center,
+                                 "terms": (terms or "all") if fam == "eh-hash" else "-",
                                  "search": "rank" if search == "rank" else f"lists {M}x{W}",
                                  "re-ranked": np.mean(scanned),
                                  "recall@10": np.mean(rec), "random recall@10": np.mean(rnd_rec),

@@ -41,6 +41,7 @@ def test_active_learning_job(digits, tmp_path, search):
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 1000
     assert (tmp_path / "out" / "selection.png").stat().st_size > 1000
     assert s["settings"]["search"] == search[1]
+    assert s["settings"]["eh_terms"] == 64  # the cut the EH-Hash keys were made with
     m = s["methods"]
     assert set(m) == {"h-hash", "eh-hash", "exhaustive", "random"}
     for v in m.values():
@@ -309,3 +310,39 @@ def test_auroc_equals_scikit_learns_with_ties():
         assert _auroc(pos, -score) == pytest.approx(1 - roc_auc_score(pos, score), abs=1e-12)
     assert np.isnan(_auroc(np.zeros(5, bool), np.arange(5.0)))
     assert np.isnan(_auroc(np.ones(5, bool), np.arange(5.0)))
+
+
+def test_the_plan_and_progress_are_logged(caplog):
+    """Before any work the plan (fits, selections, EH-Hash's pool pair-bits: the rows with the
+    bias feature cut to eh_terms), after round 3 an estimate of the whole loop, then progress
+    every tenth of the rounds with the time left, the last line at the last round.  Bugs
+    caught: the pool's pairs counted without the cut (41 x 42 / 2 = 861 pairs a row, not 528
+    at m = 32), the first round's time (loading) taken as a round's, progress only at round 0,
+    the counter not reaching the total."""
+    import logging
+
+    import scipy.sparse as sp
+
+    from lshdist.active import run_active
+    from lshdist.blocks import SparseBlock
+    from lshdist.config import ActiveConfig
+
+    X, y = _two_clusters(1, 300)
+    T, yt = _two_clusters(101, 200)
+    # 40 nonzero features a row (+ the bias): cut to 32
+    S, St = (SparseBlock.from_csr(sp.csr_matrix(np.hstack([A] * 4)).astype(np.float32))
+             for A in (X, T))
+    cfg = ActiveConfig(methods="eh-hash,random", rounds=20, runs=1, initial=2, seed=1,
+                       bits=64, eh_terms=32)
+    lines: list[str] = []
+    with caplog.at_level(logging.INFO, logger="lshdist.active"):
+        run_active(S, y, St, yt, settings=cfg, progress=lines.append)
+    rows_pairs = 32 * 33 // 2 * 64  # every row cut to 32 entries: 528 pairs x 64 bits
+    plan = next(r.getMessage() for r in caplog.records if "active learning:" in r.getMessage())
+    assert "300 pool rows, 2 one-vs-all classes" in plan, plan
+    assert "42 SVM fits and 40 selections a method" in plan, plan
+    assert f"{300 * rows_pairs:.3g} pair-bits" in plan and "32 largest" in plan, plan
+    assert any(ln.startswith("rounds 2-3 took") and "the 42 rounds" in ln for ln in lines)
+    ticks = [ln for ln in lines if "rounds in" in ln]
+    assert len(ticks) == 2 * 11 - 1, ticks  # rounds 0, 2, 4, ..., 20 of each method, less #3
+    assert "(42/42 rounds in" in ticks[-1] and "round 20/20" in ticks[-1]
