@@ -440,17 +440,22 @@ class Dataset:
     def __init__(self, path: str | os.PathLike[str], *, legacy: bool = False):
         self.path = as_path(path)
         self.legacy = legacy
-        if not self.path.exists():
-            raise InputError(f"dataset {str(self.path)!r} does not exist")
         meta = self.path / "zarr.json"
-        if not meta.is_file():
-            raise FormatError(
-                f"{str(self.path)!r} is not a Zarr v3 group (no zarr.json); "
-                "create datasets with `lshdist ingest`"
-            )
+        # on object storage, where every check is a request (and workers open the dataset
+        # once per shard), the marker is read straight away and a missing one explained after
+        remote = isinstance(self.path, ObjectPath)
+        if not remote and not self.path.exists():
+            raise InputError(f"dataset {str(self.path)!r} does not exist")
+        if not remote and not meta.is_file():
+            raise self._no_group()
         where = f"{str(self.path)!r}: zarr.json"
         try:
-            attrs = load_json(meta, where, "re-ingest the dataset", self.path)
+            try:
+                attrs = load_json(meta, where, "re-ingest the dataset", self.path)
+            except FileNotFoundError:
+                if not self.path.exists():
+                    raise InputError(f"dataset {str(self.path)!r} does not exist") from None
+                raise self._no_group() from None
             attrs = attrs.get("attributes", {})
             if not isinstance(attrs, dict):
                 raise TypeError("its attributes are not a JSON object")
@@ -496,6 +501,10 @@ class Dataset:
             raise FormatError(
                 f"{str(self.path)!r} is corrupted ({type(exc).__name__}: {exc}); re-ingest it"
             ) from None
+
+    def _no_group(self) -> FormatError:
+        return FormatError(f"{str(self.path)!r} is not a Zarr v3 group (no zarr.json); "
+                           "create datasets with `lshdist ingest`")
 
     def _damaged(self, what: str) -> FormatError:
         return FormatError(f"{str(self.path)!r}: {what}; the dataset is corrupted, re-ingest it")

@@ -294,8 +294,8 @@ def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     path = segment_path(index_dir, name)
     restore = f"{_REBUILD} or restore segment {name!r}"
     where = f"segment {name!r} of index {str(index_dir)!r}"
-    with unreadable(where):
-        if not path.is_dir():
+    with unreadable(where):  # on object storage a request: asked only after a failed read
+        if not isinstance(path, ObjectPath) and not path.is_dir():
             raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
     parts = entry.get("parts")
     if parts is None:
@@ -319,8 +319,13 @@ def _read_group(path: Path | ObjectPath, entry: dict[str, Any], manifest: dict[s
         state = {k: zarr_array(g, k) for k in _STATE}
         state.update({k: zarr_array(g, k) for k in _OLD_STATE if k in g})
     except Exception as exc:  # zarr raises many types for missing or broken chunks and metadata
-        raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); "
-                          f"{restore}") from None
+        failed = f"{where} is unreadable ({type(exc).__name__}: {exc}); {restore}"
+    else:
+        failed = ""
+    if failed:  # raised outside the handler: no store exception chained to what a task returns
+        if isinstance(path, ObjectPath) and not path.is_dir():
+            failed = f"{where} is missing ({str(path)!r}); {restore}"
+        raise FormatError(failed)
     digest = _segment_checksum({**state, **payload_arrays})
     if digest != entry["checksum"]:
         raise FormatError(f"{where} does not match its checksum (expected "

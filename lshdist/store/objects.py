@@ -148,7 +148,13 @@ def _filesystem(protocol: str, options: str, environment: tuple[tuple[str, str],
     import fsspec  # type: ignore[import-untyped]
 
     # no listings cache: another process's commit (an append, a compaction) must be seen
-    opts = {"use_listings_cache": False, "skip_instance_cache": True, **json.loads(options)}
+    opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
+    if protocol == "s3":
+        # s3fs's default splits a large GET into concurrent ranges and sends a HEAD first to
+        # learn the size -- for every Zarr chunk, doubling the requests; a worker already
+        # reads many chunks at once
+        opts["max_concurrency"] = 1
+    opts.update(json.loads(options))
     return fsspec.filesystem(protocol, **opts)
 
 
@@ -328,12 +334,13 @@ class ObjectPath:
     def read_bytes(self, limit: int | None = None) -> bytes:
         """The object's bytes, refusing one larger than ``limit``."""
         with store_errors(self.url):
-            if limit is not None:
-                size = int(self.fs.size(self.key))
-                if size > limit:
-                    raise FormatError(f"{self.url!r} holds {size:,} bytes, more than the "
-                                      f"{limit:,} it may: refused (damaged or replaced)")
-            return bytes(self.fs.cat_file(self.key))
+            if limit is None:
+                return bytes(self.fs.cat_file(self.key))
+            data = bytes(self.fs.cat_file(self.key, start=0, end=limit + 1))  # one ranged GET
+        if len(data) > limit:
+            raise FormatError(f"{self.url!r} holds more than the {limit:,} bytes it may: "
+                              "refused (damaged or replaced)")
+        return data
 
     def read_text(self) -> str:
         return self.read_bytes().decode()

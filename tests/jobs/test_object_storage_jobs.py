@@ -301,3 +301,17 @@ def test_subspace_and_hyperplane_indexes_on_s3(bucket, letter_small, tmp_path):
     for remote, local in zip(*answers):
         np.testing.assert_array_equal(remote[1][np.argsort(remote[0])],
                                       local[1][np.argsort(local[0])])
+
+
+@pytest.mark.drills
+def test_a_deleted_segment_object_set_is_named_missing(bucket, letter_small, capsys):
+    train, test = letter_small
+    root = f"{bucket}/run"
+    _pipeline(root, train, test, "--in-process")
+    seg = next((ObjectPath(f"{root}/idx") / "segments").iterdir())
+    seg.rmtree()
+    capsys.readouterr()
+    assert _lshdist("query", "--index", f"{root}/idx", "--queries", f"{root}/te", "--out",
+                    f"{root}/res2", "--in-process") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"segment {seg.name!r}" in err and "is missing" in err

@@ -12,7 +12,7 @@ import pytest
 from lshdist.errors import FormatError, InputError, OutputExistsError
 from lshdist.store.atomic import artefact_kind, check_output
 from lshdist.store.dataset import Dataset, write_dataset
-from lshdist.store.index import ABSENT, read_manifest_tagged, write_manifest
+from lshdist.store.index import ABSENT, read_manifest_tagged
 from lshdist.store.objects import (
     CommitConflict,
     ObjectPath,
@@ -59,7 +59,7 @@ def test_a_flipped_byte_in_a_dataset_object_is_refused(bucket):
     fs.pipe_file(key, bytes(data))
     ds = Dataset(f"{bucket}/d")
     ds.read_shard(0)
-    with pytest.raises(FormatError, match="shard 1 .*does not match its checksum"):
+    with pytest.raises(FormatError, match=r"shard 1 .*does not match its checksum"):
         ds.read_shard(1)
 
 
@@ -72,7 +72,7 @@ def test_outputs_are_checked_before_anything_is_written(bucket, s3_server, monke
                                                 "lshdist model"):
         check_output(f"{bucket}/d", True, kind="lshdist-model")
     _fs().pipe_file(f"{bucket.removeprefix('s3://')}/d/NOTES.txt", b"mine")
-    with pytest.raises(OutputExistsError, match="it holds 'NOTES.txt', which lshdist did not"):
+    with pytest.raises(OutputExistsError, match=r"it holds 'NOTES\.txt', which lshdist did not"):
         check_output(f"{bucket}/d", True, kind="lshdist-dataset")
     with pytest.raises(InputError, match="the bucket 'no-such-bucket' does not exist; create it"):
         check_bucket("s3://no-such-bucket/x")
@@ -148,8 +148,8 @@ def test_an_unreachable_endpoint_is_one_line(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("LSHDIST_STORAGE_OPTIONS", json.dumps({"config_kwargs": {
         "connect_timeout": 1, "retries": {"max_attempts": 1}}}))
-    with pytest.raises(InputError, match="cannot reach the object store for 's3://b' .*"
-                                         "AWS_ENDPOINT_URL"):
+    with pytest.raises(InputError, match=r"cannot reach the object store for 's3://b' .*"
+                                         r"AWS_ENDPOINT_URL"):
         check_bucket("s3://b/x")
 
 
@@ -214,3 +214,11 @@ def test_memory_urls_need_no_server():
     np.testing.assert_array_equal(Dataset("memory://lshdist-test/d").read_shard(1), X[4:])
     ObjectPath("memory://lshdist-test/d").rmtree()
     assert not ObjectPath("memory://lshdist-test/d").exists()
+
+
+def test_a_missing_dataset_or_a_foreign_prefix_is_named(bucket):
+    with pytest.raises(InputError, match=r"dataset 's3://[^']+/none' does not exist"):
+        Dataset(f"{bucket}/none")
+    ObjectPath(f"{bucket}/other/file.txt").write_text("not a dataset")
+    with pytest.raises(FormatError, match=r"is not a Zarr v3 group \(no zarr\.json\)"):
+        Dataset(f"{bucket}/other")
