@@ -110,7 +110,7 @@ def main() -> None:
                 res = f"{root}/results"
                 t0 = time.perf_counter()
                 qp = plan_query(index=f"{root}/index", queries=f"{root}/test", out=res,
-                                cfg=QueryConfig(), overwrite=True)
+                                cfg=QueryConfig(mode="hash"), overwrite=True)
                 run_query(client, qp)
                 secs = time.perf_counter() - t0
                 _, nb, _, _ = read_results(res, Dataset(f"{root}/test").ids())
@@ -130,9 +130,9 @@ def main() -> None:
         requests = sum(1 for line in lines if '" 200 ' in line or '" 206 ' in line)
         notes = [f"the same neighbours from both stores: {same}",
                  f"requests the S3 server answered in all (setup and every query): {requests}",
-                 "query: QueryConfig() defaults (mode auto), recall check on (2 % of the "
-                 "queries answered exactly too), results written to the same store as the "
-                 "index"]
+                 "query: QueryConfig(mode='hash') at the calibrated point, recall check on "
+                 "(2 % of the queries answered exactly too), results written to the same "
+                 "store as the index"]
         print(rows, notes, flush=True)
         common.write_results("object_storage_fashion",
                              {"Query stage, paired (2 workers, one LocalCluster)": rows,
