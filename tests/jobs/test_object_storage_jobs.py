@@ -315,3 +315,19 @@ def test_a_deleted_segment_object_set_is_named_missing(bucket, letter_small, cap
                     f"{root}/res2", "--in-process") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"segment {seg.name!r}" in err and "is missing" in err
+
+
+def test_no_s3_back_end_installed_is_one_line_and_nothing_is_written(letter_small, tmp_path,
+                                                                     monkeypatch, capsys):
+    train, _ = letter_small
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as if `pip install lshdist` only
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args in (["ingest", str(train), "--out", "s3://bucket/run/tr"],
+                 ["query", "--index", "s3://bucket/idx", "--queries", "te", "--out", "res"]):
+        assert _lshdist(*args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert "s3:// needs the s3fs package, which is not installed; pip install " \
+               "'lshdist[s3]'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
