@@ -331,3 +331,18 @@ def test_no_s3_back_end_installed_is_one_line_and_nothing_is_written(letter_smal
         assert "s3:// needs the s3fs package, which is not installed; pip install " \
                "'lshdist[s3]'" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.drills
+def test_overwriting_an_s3_index_drops_the_old_segments_after_the_commit(bucket, letter_small):
+    train, test = letter_small
+    root = f"{bucket}/run"
+    _pipeline(root, train, test, "--in-process")
+    segs = ObjectPath(f"{root}/idx") / "segments"
+    old = {p.name for p in segs.iterdir()}
+    assert _lshdist("index", "--data", f"{root}/tr", "--model", f"{root}/model", "--out",
+                    f"{root}/idx", "--segment-rows", "1000", *FIXED, "--overwrite",
+                    "--in-process") == 0
+    new = {p.name for p in segs.iterdir()}
+    assert len(new) == 4 and not new & old  # the old segments went once unnamed
+    assert _lshdist("verify", f"{root}/idx") == 0
