@@ -551,9 +551,11 @@ class ActiveConfig(Section):
     eh_samples: int | None = opt(None, _optional(POSITIVE),
                                  "eh-hash: t samples of the query embedding (default exact)",
                                  metavar="t")
-    eh_terms: int = opt(64, _int(0), "eh-hash: every pool row and hyperplane normal hashed over "
-                        "its m largest entries, at most m (m + 1) / 2 pairs x bits each (0: "
-                        "every entry, nnz (nnz + 1) / 2 pairs)", metavar="m")
+    eh_terms: int | None = opt(None, _optional(_int(0)),
+                               "eh-hash: every pool row and hyperplane normal hashed over its m "
+                               "largest entries, at most m (m + 1) / 2 pairs x bits each (0: "
+                               "every entry, nnz (nnz + 1) / 2 pairs; default 64 for sparse "
+                               "pools, every entry for dense ones)", metavar="m")
     C: float = opt(1.0, _float(), "the linear SVMs' C", flag="--svm-c")
     svm_scale: str = opt("rms", _choice("rms", "none"),
                          "rows as the SVMs see them: rms (scaled by one factor to unit root-mean-"

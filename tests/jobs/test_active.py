@@ -41,7 +41,8 @@ def test_active_learning_job(digits, tmp_path, search):
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 1000
     assert (tmp_path / "out" / "selection.png").stat().st_size > 1000
     assert s["settings"]["search"] == search[1]
-    assert s["settings"]["eh_terms"] == 64  # the cut the EH-Hash keys were made with
+    # dense pool, eh_terms not given: EH-Hash over every entry, and the summary says so
+    assert s["settings"]["eh_terms"] is None and s["eh_terms"] is None
     m = s["methods"]
     assert set(m) == {"h-hash", "eh-hash", "exhaustive", "random"}
     for v in m.values():
@@ -323,7 +324,7 @@ def test_the_plan_and_progress_are_logged(caplog):
 
     import scipy.sparse as sp
 
-    from lshdist.active import run_active
+    from lshdist.active import run_active, summarize
     from lshdist.blocks import SparseBlock
     from lshdist.config import ActiveConfig
 
@@ -346,3 +347,10 @@ def test_the_plan_and_progress_are_logged(caplog):
     ticks = [ln for ln in lines if "rounds in" in ln]
     assert len(ticks) == 2 * 11 - 1, ticks  # rounds 0, 2, 4, ..., 20 of each method, less #3
     assert "(42/42 rounds in" in ticks[-1] and "round 20/20" in ticks[-1]
+    # a sparse pool's default cut (64) is the one used and recorded; 0 is every entry
+    for given, used in ((None, 64), (0, None), (5, 5)):
+        cfg = ActiveConfig(methods="eh-hash", rounds=1, runs=1, initial=2, bits=64,
+                           eh_terms=given)
+        result = run_active(S, y, St, yt, settings=cfg)
+        assert result["eh_terms"] == used
+        assert summarize(result)["eh_terms"] == used
