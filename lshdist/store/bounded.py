@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.storage import LocalStore
+from zarr.storage import FsspecStore, LocalStore
 
+from lshdist.errors import FormatError
 from lshdist.store.files import MAX_JSON_BYTES, check_file, read_bounded
 from lshdist.store.objects import ObjectPath
 
@@ -104,10 +105,61 @@ class BoundedStore(LocalStore):
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
 
 
+class BoundedObjectStore(FsspecStore):
+    """A read-only Zarr store over an object-store prefix whose reads are bounded as
+    `BoundedStore`'s: a whole object (metadata, a chunk) is read as one ranged GET of at most
+    its limit and one byte, and refused when it holds more -- a chunk replaced by a huge
+    object is not downloaded (nor held in memory) to be found wrong by its checksum."""
+
+    def __init__(self, path: ObjectPath) -> None:
+        base = path.zarr_store()
+        super().__init__(base.fs, path=base.path, read_only=True)
+        self._where = path.url
+        self._limits: dict[str, int | None] = {}
+
+    def with_read_only(self, read_only: bool = False) -> BoundedObjectStore:
+        return self
+
+    async def _ranged(self, key: str, prototype: BufferPrototype, limit: int) -> Buffer | None:
+        value = await super().get(key, prototype, RangeByteRequest(0, limit + 1))
+        if value is not None and len(value) > limit:
+            raise FormatError(f"'{self._where}/{key}' holds more than the {limit:,} bytes it "
+                              "may: refused (damaged or replaced)")
+        return value
+
+    async def _limit(self, key: str) -> int | None:
+        if key == "zarr.json" or key.endswith("/zarr.json"):
+            return MAX_JSON_BYTES
+        if key.startswith("c/"):
+            array = ""
+        else:
+            array, sep, _ = key.rpartition("/c/")
+            if not sep:
+                return None
+        if array not in self._limits:
+            meta_key = f"{array}/zarr.json" if array else "zarr.json"
+            raw = await self._ranged(meta_key, default_buffer_prototype(), MAX_JSON_BYTES)
+            try:
+                meta = None if raw is None else json.loads(raw.to_bytes())
+            except (ValueError, RecursionError):
+                meta = None
+            self._limits[array] = _chunk_limit(meta)
+        return self._limits[array]
+
+    async def get(self, key: str, prototype: BufferPrototype | None = None,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        prototype = prototype or default_buffer_prototype()
+        limit = None if byte_range is not None else await self._limit(key)
+        if limit is None:
+            return await super().get(key, prototype, byte_range)
+        return await self._ranged(key, prototype, limit)
+
+
 def open_store(path: Path | ObjectPath) -> Any:
-    """The read-only Zarr store of the artefact directory or object-store prefix ``path``."""
+    """The read-only Zarr store of the artefact directory or object-store prefix ``path``:
+    its reads bounded (`BoundedStore`, `BoundedObjectStore`)."""
     if isinstance(path, ObjectPath):
-        return path.zarr_store()
+        return BoundedObjectStore(path)
     return BoundedStore(path)
 
 

@@ -222,3 +222,15 @@ def test_a_missing_dataset_or_a_foreign_prefix_is_named(bucket):
     ObjectPath(f"{bucket}/other/file.txt").write_text("not a dataset")
     with pytest.raises(FormatError, match=r"is not a Zarr v3 group \(no zarr\.json\)"):
         Dataset(f"{bucket}/other")
+
+
+def test_a_chunk_object_replaced_by_a_huge_one_is_refused_unread(bucket):
+    """A chunk may hold its array's chunk bytes and what a codec adds: an object of 8 MiB in
+    place of a 200 x 5 float32 chunk is refused after one ranged GET of that bound."""
+    X = np.random.default_rng(5).normal(size=(400, 5)).astype(np.float32)
+    write_dataset(f"{bucket}/d", X, shard_rows=200)
+    _fs().pipe_file(f"{bucket.removeprefix('s3://')}/d/X/c/1/0", bytes(8 << 20))
+    ds = Dataset(f"{bucket}/d")
+    np.testing.assert_array_equal(ds.read_shard(0), X[:200])
+    with pytest.raises(FormatError, match=r"X/c/1/0' holds more than the [\d,]+ bytes it may"):
+        ds.read_shard(1)
