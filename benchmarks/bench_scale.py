@@ -127,9 +127,8 @@ def run_lshdist(ds, qsets, size_dir: Path, truth, *, workers: int, model: Path |
             held: list = []  # the segments just built, kept in worker memory (as `run` does)
             manifest = run_build(client, plan, hold=held if learn_too else None)
             out["index s"] = time.perf_counter() - t0
-            out["segments"] = len(manifest["segments"])
-            cal = manifest.get("calibration") or {}
-            out["calibration"] = cal.get("reason")
+            out["segments"] = len(manifest.segments)
+            out["calibration"] = manifest.calibration and manifest.calibration.reason
             out["index bytes/item"] = du(index) / ds.n
             if held:
                 # `lshdist run`: the queries search the segments the build holds (no re-read);

@@ -594,21 +594,21 @@ def build_index(data: PathLike, model: PathLike, out: PathLike, *, client: Any =
 
         hplan = plan_hyperplane_build(**args)  # type: ignore[arg-type]
         return _on_cluster(client, cluster,
-                           lambda c: run_hyperplane_build(c, hplan, stall=stall))
+                           lambda c: run_hyperplane_build(c, hplan, stall=stall).to_json())
     if cfg.method == "subspace":
         from lshdist.cluster.subspace import plan_subspace_build, run_subspace_build
 
         splan = plan_subspace_build(**args, append=append, batch=batch)  # type: ignore[arg-type]
         return _on_cluster(client, cluster,
-                           lambda c: run_subspace_build(c, splan, stall=stall))
+                           lambda c: run_subspace_build(c, splan, stall=stall).to_json())
     from lshdist.cluster.pipeline import plan_build, run_build
 
     plan = plan_build(**args, append=append, batch=batch)  # type: ignore[arg-type]
     if not plan.skipped:  # (checked again under the index lock)
         manifest = _on_cluster(client, cluster,
-                               lambda c: run_build(c, plan, stall=stall))
+                               lambda c: run_build(c, plan, stall=stall).to_json())
     else:
-        manifest = plan.manifest
+        manifest = plan.manifest.to_json()
     return {**manifest, "skipped": plan.skipped} if plan.skipped else manifest
 
 
@@ -644,7 +644,7 @@ def query_index(index: PathLike, queries: PathLike, out: PathLike, *,
         ``queries``, ``segments``, ``out``, ``mode`` (how the queries were answered), the
         ``operating_point`` and, where measured, ``measured_recall``.
     """
-    from lshdist.store.index import index_method, read_manifest
+    from lshdist.store.index import SubspaceManifest, read_index_manifest
 
     qcfg, cluster = _split_options({**options, "k": k}, "query_index()", QueryConfig,
                                    ClusterConfig)
@@ -653,7 +653,7 @@ def query_index(index: PathLike, queries: PathLike, out: PathLike, *,
     stall = cluster.stall_timeout
     args = dict(index=str(index), queries=str(queries), out=str(out), cfg=qcfg,
                 overwrite=overwrite)
-    if index_method(read_manifest(str(index))) == "subspace":
+    if isinstance(read_index_manifest(str(index)), SubspaceManifest):
         from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
 
         splan = plan_subspace_query(**args)  # type: ignore[arg-type]

@@ -424,7 +424,7 @@ def write_plots(data: Record, out_dir: str | Path) -> list[str]:
 def plot_index(path: str | Path, out: str | Path) -> None:
     """``lshdist info INDEX --plot FILE``: `plot_calibration` of the index at ``path``
     into ``out`` (.png, .svg or .pdf)."""
-    from lshdist.store.index import read_manifest
+    from lshdist.store.index import PermutationManifest, read_index_manifest
 
     path, out = Path(path), Path(out)
     if out.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -435,10 +435,9 @@ def plot_index(path: str | Path, out: str | Path) -> None:
     if not (path / "index.json").is_file():
         raise InputError(f"--plot draws an index's calibration curve; {str(path)!r} is not an "
                          "index")
-    rec = read_manifest(path).get("calibration")
-    cal = None if rec is None else Calibration.from_json(rec, where=f"index {str(path)!r}")
+    m = read_index_manifest(path)
+    cal = m.calibration if isinstance(m, PermutationManifest) else None
     if cal is None or not cal.points:
         raise InputError(f"index {str(path)!r} has no calibration curve (a subspace index, or "
                          "one whose calibration tried no point): nothing to plot")
-    save(plot_calibration(cal, name=f"index {path.name}", rows=read_manifest(path)["rows"]),
-         out)
+    save(plot_calibration(cal, name=f"index {path.name}", rows=m.rows), out)

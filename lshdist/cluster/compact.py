@@ -26,8 +26,8 @@ answering (the old segments are the orphans).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,42 +36,47 @@ from lshdist.cluster.pipeline import COMMIT_RETRIES, _progress
 from lshdist.config import ClusterConfig
 from lshdist.errors import InputError
 from lshdist.store.index import (
+    PermutationManifest,
+    SegmentEntry,
     index_lock,
     new_segment_name,
     pack_segments,
-    read_manifest,
     read_manifest_tagged,
+    read_permutation_manifest,
     remove_unnamed,
     require_permutation,
     write_manifest,
 )
+from lshdist.store.manifest import HyperplaneManifest
 from lshdist.store.objects import CommitConflict, ObjectPath, as_path
 
 log = logging.getLogger(__name__)
 
 
-def compaction_groups(entries: Sequence[dict[str, Any]], *, min_segments: int,
-                      segment_rows: int) -> list[list[int]]:
+def compaction_groups(entries: Sequence[SegmentEntry] | Sequence[Mapping[str, Any]], *,
+                      min_segments: int, segment_rows: int) -> list[list[int]]:
     """Which segments to merge: positions (in manifest order) of the runs of small segments.
 
     A segment is small below ``segment_rows`` rows.  Nothing is merged while fewer than
     ``min_segments`` are small; otherwise the small segments, in manifest order, are cut into
     groups of at most ``segment_rows`` rows (and of one number of lists: segments sized by
-    --epsilon may differ), and every group of two or more is merged.
+    --epsilon may differ), and every group of two or more is merged.  ``entries``: the
+    manifest's, or their ``rows`` and ``permutations`` as JSON.
     """
     if min_segments < 1 or segment_rows < 1:
         raise InputError(f"min_segments={min_segments}, segment_rows={segment_rows}: both must "
                          "be >= 1")
-    small = [i for i, e in enumerate(entries) if e["rows"] < segment_rows]
+    sizes = [(e.rows, e.permutations) if isinstance(e, SegmentEntry)
+             else (int(e["rows"]), e.get("permutations")) for e in entries]
+    small = [i for i, (r, _) in enumerate(sizes) if r < segment_rows]
     if len(small) < max(2, min_segments):
         return []
     groups: list[list[int]] = []
     cur: list[int] = []
     rows = 0
     for i in small:
-        r = int(entries[i]["rows"])
-        if cur and (rows + r > segment_rows
-                    or entries[i].get("permutations") != entries[cur[0]].get("permutations")):
+        r = sizes[i][0]
+        if cur and (rows + r > segment_rows or sizes[i][1] != sizes[cur[0]][1]):
             groups.append(cur)
             cur, rows = [], 0
         cur.append(i)
@@ -95,27 +100,27 @@ class CompactPlan:
 def plan_compact(index: str, *, min_segments: int, segment_rows: int,
                  refit: bool = False) -> CompactPlan:
     """Check a compaction on the driver (no cluster): the index and what would be merged."""
-    manifest = read_manifest(index)
-    require_permutation(manifest, index, "`lshdist compact`")
-    if refit and manifest.get("family"):
+    manifest = read_permutation_manifest(index, "`lshdist compact`")
+    if refit and isinstance(manifest, HyperplaneManifest):
         raise InputError(f"index {index!r} answers hyperplane queries "
-                         f"({manifest['family'].get('name')}); re-fitting such an index is not "
+                         f"({manifest.family.name}); re-fitting such an index is not "
                          "built — compact it without --refit (packing), or rebuild it with "
                          "larger --segment-rows")
-    groups = compaction_groups(manifest["segments"], min_segments=min_segments,
+    groups = compaction_groups(manifest.segments, min_segments=min_segments,
                                segment_rows=segment_rows)
     return CompactPlan(as_path(index), min_segments, segment_rows, groups,
-                       len(manifest["segments"]), refit)
+                       len(manifest.segments), refit)
 
 
-def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
-                  entries: list[dict[str, Any]], stall: float) -> dict[str, Any]:
+def _recalibrated(client: Any, plan: CompactPlan, manifest: PermutationManifest,
+                  entries: list[SegmentEntry], stall: float) -> dict[str, Any]:
     """The operating point again for the new segment sizes (every segment contributes its own
     candidates, so fewer larger segments need wider windows or cuts for the same recall):
-    calibrated on the largest segment; the manifest's own point where that cannot be done."""
+    calibrated on the largest segment; the manifest's own point where that cannot be done.
+    Returns the manifest fields to change."""
     from lshdist.index.calibrate import Calibration
 
-    largest = max(entries, key=lambda e: e["rows"])
+    largest = max(entries, key=lambda e: e.rows)
     f = client.submit(tasks.recalibrate_stored, str(plan.index), largest, manifest, pure=False)
     for _ in _progress([f], "calibrate", stall):
         pass
@@ -127,36 +132,36 @@ def _recalibrated(client: Any, plan: CompactPlan, manifest: dict[str, Any],
         return {}
     cal = Calibration.from_json(raw)
     ref = cal.reference
-    log.info("compaction re-calibrated on %d rows: %s — %s", largest["rows"], cal.mode,
+    log.info("compaction re-calibrated on %d rows: %s — %s", largest.rows, cal.mode,
              cal.reason)
-    op: dict[str, Any] = {"calibration": raw}
+    op: dict[str, Any] = {"calibration_json": raw}
     if ref is not None:
         op.update(window=ref.window, hamming_keep=ref.hamming_keep)
     return op
 
 
-def _swap(plan: CompactPlan, manifest: dict[str, Any], tag: str | None, op: dict[str, Any],
-          new_entries: list[dict[str, Any]], merged: dict[str, dict[str, Any]],
-          replaced: set[str]) -> list[dict[str, Any]]:
+def _swap(plan: CompactPlan, manifest: PermutationManifest, tag: str | None,
+          op: dict[str, Any], new_entries: list[SegmentEntry], merged: dict[str, SegmentEntry],
+          replaced: set[str]) -> list[SegmentEntry]:
     """Commit the compacted manifest; returns its segments.  On object storage, when an append
     committed meanwhile, the merged segments replace theirs in that newer manifest (the
     appended ones kept) and the commit is tried again; a compaction that raced another
     compaction of the same segments is refused."""
     for _ in range(COMMIT_RETRIES + 1):
         try:
-            write_manifest(plan.index, {**manifest, **op, "segments": new_entries}, expect=tag)
+            write_manifest(plan.index, replace(manifest, **op, segments=tuple(new_entries)),
+                           expect=tag)
             return new_entries
         except CommitConflict:
-            manifest, tag = read_manifest_tagged(plan.index)
-            now = {e["name"] for e in manifest["segments"]}
-            if not replaced <= now:
+            read, tag = read_manifest_tagged(plan.index)
+            manifest = require_permutation(read, plan.index, "`lshdist compact`")
+            if not replaced <= set(manifest.segment_names):
                 raise InputError(f"index {str(plan.index)!r} was compacted by another job "
                                  "meanwhile; this compaction was dropped (the index is whole)"
                                  ) from None
-            rows = manifest["rows"]
-            new_entries = [merged.get(e["name"], e) for e in manifest["segments"]
-                           if e["name"] in merged or e["name"] not in replaced]
-            if sum(e["rows"] for e in new_entries) != rows:
+            new_entries = [merged.get(e.name, e) for e in manifest.segments
+                           if e.name in merged or e.name not in replaced]
+            if sum(e.rows for e in new_entries) != manifest.rows:
                 raise InputError("compaction lost rows; the index is unchanged") from None
             log.info("index %s: an append landed during the compaction; merged, committing "
                      "again", plan.index)
@@ -171,8 +176,9 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
     with index_lock(plan.index, timeout=lock_timeout):
         # an append may have landed since planning; on object storage one may land during the
         # compaction too (no lock): the swap is conditional on this read (`_swap`)
-        manifest, tag = read_manifest_tagged(plan.index)
-        entries = manifest["segments"]
+        read, tag = read_manifest_tagged(plan.index)
+        manifest = require_permutation(read, plan.index, "`lshdist compact`")
+        entries = manifest.segments
         groups = compaction_groups(entries, min_segments=plan.min_segments,
                                    segment_rows=plan.segment_rows)
         if not groups:
@@ -194,19 +200,19 @@ def run_compact(client: Any, plan: CompactPlan, *, lock_timeout: float = 30.0,
             gone = {i for g in groups for i in g}
             new_entries = [first.get(i, e) for i, e in enumerate(entries)
                            if i in first or i not in gone]
-            if sum(e["rows"] for e in new_entries) != manifest["rows"]:
+            if sum(e.rows for e in new_entries) != manifest.rows:
                 raise InputError("compaction lost rows; the index is unchanged")
             op = _recalibrated(client, plan, manifest, new_entries, stall) if plan.refit else {}
             new_entries = _swap(plan, manifest, tag, op, new_entries,
-                                {entries[g[0]]["name"]: e for g, e in zip(groups, merged)},
-                                {entries[i]["name"] for i in gone})
+                                {entries[g[0]].name: e for g, e in zip(groups, merged)},
+                                {entries[i].name for i in gone})
         except BaseException:
             client.cancel(futures)
             # not named by any manifest: what the tasks wrote goes
             remove_unnamed(plan.index, names)
             raise
         # after the swap: nobody refers to them any more
-        remove_unnamed(plan.index, [entries[i]["name"] for i in sorted(gone)])
+        remove_unnamed(plan.index, [entries[i].name for i in sorted(gone)])
     log.info("compacted %s: %d -> %d segments", plan.index, len(entries), len(new_entries))
     return {"before": len(entries), "after": len(new_entries),
             "merged": len(entries) - len(new_entries)}

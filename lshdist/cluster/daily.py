@@ -23,7 +23,7 @@ from lshdist.cluster.pipeline import plan_build, run_build
 from lshdist.config import ClusterConfig, DailyConfig, JobConfig
 from lshdist.errors import InputError
 from lshdist.inputs import read_inputs
-from lshdist.store.index import MANIFEST, index_lock, read_manifest
+from lshdist.store.index import MANIFEST, index_lock, read_permutation_manifest
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,11 @@ def _append_day(job: JobConfig, day: str, offset: int, client_for: ClientFactory
     cfg = job.daily
     index, model = job.output("index"), job.input("model")
     exists = (index / MANIFEST).is_file()
-    if exists and day in read_manifest(index).get("batches", []):
+    landed = read_permutation_manifest(index, "a daily append") if exists else None
+    if landed is not None and landed.has_batch(day):
         log.info("day %s is in index %s already", day, index)
         return {"day": day, "appended": False, "rows": 0,
-                "segments": len(read_manifest(index)["segments"]), "compacted": 0}
+                "segments": len(landed.segments), "compacted": 0}
     data = read_inputs(day_inputs(day, cfg, job), format=cfg.format, id_offset=offset)
     if data.n > cfg.id_stride:
         raise InputError(f"day {day} has {data.n} rows, more than daily.id_stride="
@@ -109,5 +110,5 @@ def _append_day(job: JobConfig, day: str, offset: int, client_for: ClientFactory
                 out = run_compact(client, cplan, lock_timeout=cfg.lock_timeout,
                                   stall=job.cluster.stall_timeout)
                 result["compacted"] = out["merged"]
-    result["segments"] = len(read_manifest(index)["segments"])
+    result["segments"] = len(read_permutation_manifest(index, "a daily append").segments)
     return result

@@ -57,9 +57,10 @@ from lshdist.store.index import (
     FORMAT,
     index_lock,
     new_segment_name,
-    read_manifest,
+    read_index_manifest,
     write_manifest,
 )
+from lshdist.store.manifest import HashFamily, HyperplaneManifest
 from lshdist.store.objects import ObjectPath, as_path
 from lshdist.store.results import write_results
 
@@ -158,19 +159,21 @@ def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
     hyperplane_family(name, d=plan.data.d, bits=cfg.bits, seed=cfg.seed,
                       samples=cfg.eh_samples)  # refuses odd bits for H-Hash, here
     plan.lists = cfg.permutations
-    plan.manifest.update(
-        family={"name": name, "samples": cfg.eh_samples,
-                **({"version": EH_HASH_VERSION} if name == "eh-hash" else {})}, learned=False,
-        permutations=cfg.permutations, epsilon=cfg.epsilon,
-        window=cfg.window or DEFAULT_WINDOW, hamming_keep=cfg.hamming_keep or 0)
+    plan.manifest = dataclasses.replace(
+        plan.manifest, learned=False, permutations=cfg.permutations, epsilon=cfg.epsilon,
+        window=cfg.window or DEFAULT_WINDOW, hamming_keep=cfg.hamming_keep or 0,
+    ).with_family(HashFamily(name, cfg.eh_samples,
+                             EH_HASH_VERSION if name == "eh-hash" else None))
     return plan
 
 
 def run_hyperplane_build(client: Any, plan: BuildPlan, *,
-                         stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
+                         stall: float = ClusterConfig.stall_timeout) -> HyperplaneManifest:
     """Run a planned hyperplane build on ``client``; returns the manifest (written aside and
     renamed into place when complete, under the index lock)."""
     m = plan.manifest
+    if not isinstance(m, HyperplaneManifest):
+        raise InputError("not a hyperplane index build: plan it with plan_hyperplane_build")
     _check_worker_memory(client, plan.list_bytes)
     try:
         plan.out.parent.mkdir(parents=True, exist_ok=True)
@@ -180,14 +183,14 @@ def run_hyperplane_build(client: Any, plan: BuildPlan, *,
             plan.out, overwrite=plan.overwrite, kind=FORMAT,
             inputs=(plan.data.path, plan.model)) as tmp:
         (tmp / "segments").mkdir(parents=True, exist_ok=True)
-        fam = m["family"]
-        family_f = client.submit(make_family, fam["name"], plan.data.d, m["bits"], m["seed"],
-                                 fam["samples"], pure=False, retries=2)
+        fam = m.family
+        family_f = client.submit(make_family, fam.name, plan.data.d, m.bits, m.seed,
+                                 fam.samples, pure=False, retries=2)
         client.replicate([family_f])
         path = str(plan.data.path)
         names = [new_segment_name() for _ in plan.segments]
-        fits = [client.submit(fit_segment, path, shards, family_f, plan.lists, m["epsilon"],
-                              m["seed"], pure=False, retries=2) for shards in plan.segments]
+        fits = [client.submit(fit_segment, path, shards, family_f, plan.lists, m.epsilon,
+                              m.seed, pure=False, retries=2) for shards in plan.segments]
         writes = [client.submit(tasks.write_fitted, fit, str(tmp), name, MAX_PERMUTATIONS, path,
                                 shards, pure=False, retries=2)
                   for fit, name, shards in zip(fits, names, plan.segments)]
@@ -201,15 +204,15 @@ def run_hyperplane_build(client: Any, plan: BuildPlan, *,
             _remove_segments(tmp, names)
             raise
         client.cancel(held)
-        first = entries[0]["rows"] if entries else 0
-        M = m["permutations"] or (entries[0]["permutations"] if entries else 1)
-        point = Point(permutations=M, window=m["window"], hamming_keep=m["hamming_keep"],
+        first = entries[0].rows if entries else 0
+        M = m.permutations or (entries[0].permutations if entries else 1)
+        point = Point(permutations=M, window=m.window, hamming_keep=m.hamming_keep,
                       recall=0.0, reranked=0.0, fraction_searched=0.0)
         cal = Calibration(k=plan.cfg.k, target=0.0, n_database=first, n_queries=0,
                           scan_seconds_per_query=0.0, points=(), mode="hash", chosen=point,
-                          reason=f"not calibrated: hyperplane queries ({fam['name']}) run at "
+                          reason=f"not calibrated: hyperplane queries ({fam.name}) run at "
                                  "the M, W, H given; recall not measured")
-        new = _with_segments({**m, "calibration": cal.to_json()}, entries)
+        new = _with_segments(dataclasses.replace(m, calibration_json=cal.to_json()), entries)
         write_manifest(tmp, new)
     return new
 
@@ -228,7 +231,7 @@ class HyperplaneQueryPlan:
     out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
-    manifest: dict[str, Any]
+    manifest: HyperplaneManifest
     mode: str
     op: tuple[int, int, int]
 
@@ -256,9 +259,8 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
     """Check a hyperplane query on the driver: the index is a hyperplane index, the normals
     (``.npy`` (Q, d) or a dataset) match its data, the output is writable."""
     cfg = cfg or QueryConfig()
-    manifest = read_manifest(index)
-    fam = manifest.get("family")
-    if fam is None:
+    manifest = read_index_manifest(index)
+    if not isinstance(manifest, HyperplaneManifest):
         raise InputError(f"index {index!r} was built for k-NN queries; --hyperplanes needs an "
                          "index built with --family h-hash or eh-hash (or use --queries)")
     if cfg.target_recall is not None and cfg.mode != "auto":
@@ -273,20 +275,20 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
         if sparse:
             raise InputError(f"index {index!r} holds sparse rows; give the hyperplanes as a "
                              "sparse dataset (`lshdist ingest`), not a dense .npy array")
-        source = _load_normals(hyperplanes, manifest["d"])
+        source = _load_normals(hyperplanes, manifest.d)
         n, ids = len(source), np.arange(len(source), dtype=np.int64)
     else:
         ds = Dataset(hyperplanes)
-        if (ds.kind == "sparse") != sparse or (not sparse and ds.d != manifest["d"]):
+        if (ds.kind == "sparse") != sparse or (not sparse and ds.d != manifest.d):
             raise InputError(f"hyperplanes {hyperplanes!r} are {ds.kind} with {ds.d} features; "
                              f"index {index!r} holds {'sparse' if sparse else 'dense'} rows "
-                             f"of {manifest['d']}")
+                             f"of {manifest.d}")
         source, n = str(ds.path), ds.n
     check_output(out, overwrite, kind="lshdist-results", inputs=(index, hyperplanes))
     mode = cfg.mode if cfg.mode in ("scan", "rank") else "hash"
     if cfg.candidates is not None and mode != "rank":
         raise InputError("--candidates applies to --mode rank of a hyperplane query")
-    op = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
+    op = manifest.operating_point
     return HyperplaneQueryPlan(as_path(index), source, n, ids, as_path(out), cfg, overwrite,
                                manifest, mode, op)
 
@@ -295,22 +297,21 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
                          stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
     """Run a planned hyperplane query; returns ``{queries, segments, out, mode}``."""
     cfg, m = plan.cfg, plan.manifest
-    fam = m["family"]
-    d = m["d"]
-    family_f = client.submit(make_family, fam["name"], d, m["bits"], m["seed"], fam["samples"],
+    fam = m.family
+    family_f = client.submit(make_family, fam.name, m.d, m.bits, m.seed, fam.samples,
                              pure=False, retries=2)
     client.replicate([family_f])
     segs = load_segments(client, str(plan.index), m)
     held: list[Any] = [family_f, *segs]
     # mode rank: the hyperplane's candidates shared by the segments in proportion to rows
     shares = candidate_shares(cfg.candidates or RANK_CANDIDATES,
-                              [int(e["rows"]) for e in m["segments"]])
+                              [e.rows for e in m.segments])
     recall: MeasuredRecall | None = None
     try:
         if cfg.check_recall:
             plan, recall = _checked_hyperplanes(client, plan, segs, family_f, shares, stall)
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
-                           info={"mode": plan.mode, "hyperplanes": fam["name"],
+                           info={"mode": plan.mode, "hyperplanes": fam.name,
                                  "measured_recall": None if recall is None
                                  else recall.to_json(),
                                  "operating_point": dict(zip(("permutations", "window",
@@ -329,7 +330,7 @@ def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
                                     a, b, None if plan.ids is None else plan.ids[a:b],
                                     family_f, pure=False, retries=2)
                 parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op, c,
-                                       fam["name"] == "h-hash", pure=False, retries=2)
+                                       fam.paired, pure=False, retries=2)
                          for s, c in zip(segs, shares)]
                 w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, str(tmp), c,
                                   pure=False, retries=2)
@@ -350,8 +351,8 @@ def _checked_hyperplanes(client: Any, plan: HyperplaneQueryPlan, segs: list[Any]
     ``--mode auto`` and ``--target-recall``, a proven miss is answered by the scan (the index
     has no calibration curve to move along)."""
     cfg, m = plan.cfg, plan.manifest
-    k, paired = cfg.k, m["family"]["name"] == "h-hash"
-    rows = check_rows(plan.n, int(m["seed"]))
+    k, paired = cfg.k, m.family.paired
+    rows = check_rows(plan.n, m.seed)
     truth: list[np.ndarray] = []
 
     def answer(mode: str) -> np.ndarray:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,24 +37,28 @@ from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_e
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     FORMAT,
-    VERSION,
+    IndexManifest,
+    PermutationManifest,
+    SegmentEntry,
     index_lock,
     manifest_tag,
     new_segment_name,
-    read_manifest,
+    read_index_manifest,
     read_manifest_tagged,
+    read_permutation_manifest,
     remove_unnamed,
     require_permutation,
     segment_ids,
     write_manifest,
 )
+from lshdist.store.manifest import HyperplaneManifest
 from lshdist.store.model import read_model_meta
 from lshdist.store.objects import CommitConflict, ObjectPath, as_path, resolved
 from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
 
-#: manifest key -> how an `IndexConfig` field is recorded in it
+#: `IndexConfig` field -> the manifest field that records it
 _RECORDED = {"bits": "bits", "epsilon": "epsilon", "permutations": "permutations",
              "window": "window", "hamming_keep": "hamming_keep", "seed": "seed",
              "baseline": "learned"}
@@ -115,19 +119,19 @@ def check_data_for_model(ds: Dataset, meta: dict[str, Any], what: str) -> None:
                          f"learned on {meta['d']}")
 
 
-def index_model_meta(index: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def index_model_meta(index: str, manifest: IndexManifest) -> dict[str, Any]:
     """model.json of the model an index was built with, checked against the index's record."""
     try:
-        meta = read_model_meta(manifest["model"])
+        meta = read_model_meta(manifest.model)
     except InputError as exc:
         raise InputError(f"the model of index {index!r} cannot be read: {exc}") from None
-    if meta["checksum"] != manifest["model_checksum"]:
-        raise InputError(f"the model at {manifest['model']!r} does not match index {index!r} "
+    if meta["checksum"] != manifest.model_checksum:
+        raise InputError(f"the model at {manifest.model!r} does not match index {index!r} "
                          "(checksums differ); rebuild the index or restore the model")
     return meta
 
 
-def check_query_inputs(index: str, manifest: dict[str, Any], queries: str, out: str,
+def check_query_inputs(index: str, manifest: IndexManifest, queries: str, out: str,
                        overwrite: bool) -> tuple[dict[str, Any], Dataset]:
     """The checks every k-NN query job makes before a cluster starts: the index's model
     (`index_model_meta`), the queries against it, the results directory; returns
@@ -136,7 +140,7 @@ def check_query_inputs(index: str, manifest: dict[str, Any], queries: str, out: 
     qds = Dataset(queries)
     check_data_for_model(qds, meta, "queries dataset")
     check_output(out, overwrite, kind="lshdist-results",
-                 inputs=(index, queries, manifest["model"]))
+                 inputs=(index, queries, manifest.model))
     return meta, qds
 
 
@@ -229,7 +233,9 @@ class BuildPlan:
     append: bool
     overwrite: bool
     model_meta: dict[str, Any]
-    manifest: dict[str, Any]
+    #: the index's (an append), or the one planned (a fresh build: no segments, not
+    #: calibrated yet)
+    manifest: PermutationManifest
     segments: list[tuple[int, int]] = field(default_factory=list)
     lists: int | None = None  # lists fitted per segment (None: from epsilon, per segment)
     list_bytes: int = 0  # permutation lists of the largest segment
@@ -242,21 +248,22 @@ def _recorded(cfg: IndexConfig) -> dict[str, Any]:
             for name, key in _RECORDED.items()}
 
 
-def _check_append(out: str, cfg: IndexConfig, manifest: dict[str, Any]) -> IndexConfig:
+def _check_append(out: str, cfg: IndexConfig, manifest: PermutationManifest) -> IndexConfig:
     """The index's own parameters; an explicitly given one that differs is an error."""
     wanted = _recorded(cfg)
+    has = {key: getattr(manifest, key) for key in _RECORDED.values()}
     conflicts = [f"--{name.replace('_', '-')} {getattr(cfg, name)!r} (the index has "
-                 f"{manifest[key] if name != 'baseline' else not manifest[key]!r})"
+                 f"{has[key] if name != 'baseline' else not has[key]!r})"
                  for name, key in _RECORDED.items()
-                 if name in cfg.given_ and wanted[key] != manifest[key]]
+                 if name in cfg.given_ and wanted[key] != has[key]]
     if conflicts:
         raise InputError(f"index {out!r} was built with other parameters: "
                          f"{'; '.join(conflicts)}; drop these options to append with the "
                          "index's own, or build a new index")
-    return IndexConfig(bits=manifest["bits"], epsilon=manifest["epsilon"],
-                       permutations=manifest["permutations"], window=manifest["window"],
-                       hamming_keep=manifest["hamming_keep"], seed=manifest["seed"],
-                       baseline=not manifest["learned"], segment_rows=cfg.segment_rows,
+    return IndexConfig(bits=manifest.bits, epsilon=manifest.epsilon,
+                       permutations=manifest.permutations, window=manifest.window,
+                       hamming_keep=manifest.hamming_keep, seed=manifest.seed,
+                       baseline=not manifest.learned, segment_rows=cfg.segment_rows,
                        target_recall=cfg.target_recall, k=cfg.k)
 
 
@@ -278,16 +285,15 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     check_data_for_model(ds, model_meta, "dataset")
     check_not_input(out, (data, model))
     if append:
-        manifest = read_manifest(out)
-        require_permutation(manifest, out, "--append")
-        if manifest.get("family"):
-            raise InputError(f"index {out!r} is a hyperplane index ({manifest['family']['name']}"
+        manifest = read_permutation_manifest(out, "--append")
+        if isinstance(manifest, HyperplaneManifest):
+            raise InputError(f"index {out!r} is a hyperplane index ({manifest.family.name}"
                              "); --append is not supported for it: rebuild it with --overwrite")
-        if manifest["model_checksum"] != model_meta["checksum"]:
+        if manifest.model_checksum != model_meta["checksum"]:
             raise InputError(f"index {out!r} was built with another model "
-                             f"({manifest['model']!r}); append needs the same model")
+                             f"({manifest.model!r}); append needs the same model")
         cfg = _check_append(out, cfg, manifest)
-        skipped = batch is not None and batch in manifest.get("batches", [])
+        skipped = manifest.has_batch(batch)
         if not skipped:
             _check_new_ids(out, manifest, ds)
     else:
@@ -295,18 +301,16 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
         if cfg.calibration_queries is not None:
             check_data_for_model(Dataset(cfg.calibration_queries), model_meta,
                                  "calibration queries")
-        manifest = {
-            "format": FORMAT, "version": VERSION, "model": resolved(model),
-            "model_checksum": model_meta["checksum"], "kind": model_meta["kind"],
-            "d": model_meta["d"], **_recorded(cfg), "segments": [],
-        }
+        manifest = PermutationManifest(
+            model=resolved(model), model_checksum=model_meta["checksum"],
+            kind=model_meta["kind"], d=model_meta["d"], **_recorded(cfg), segments=(), rows=0)
     segments = segment_shards(ds.shard_bounds.tolist(), cfg.segment_rows)
     bounds = ds.shard_bounds
     rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
     plan = BuildPlan(ds, as_path(model), as_path(out), cfg, append, overwrite, model_meta, manifest,
                      segments, batch=batch, skipped=append and skipped)
     if append:
-        plan.lists = manifest["permutations"]
+        plan.lists = manifest.permutations
     elif rows:
         plan.lists = calibrated_lists(rows, n_permutations=cfg.permutations, epsilon=cfg.epsilon)
     plan.list_bytes = _list_bytes(cfg, rows, plan.lists)
@@ -327,22 +331,22 @@ def _list_bytes(cfg: IndexConfig, rows: int, lists: int | None) -> int:
     return 12 * m * rows
 
 
-def _check_new_ids(out: str, manifest: dict[str, Any], ds: Dataset) -> None:
+def _check_new_ids(out: str, manifest: PermutationManifest, ds: Dataset) -> None:
     """Refuse a dataset whose ids are already in the index (ids must name one row)."""
     import numpy as np
 
     new = ds.ids()
-    for entry in manifest["segments"]:
+    for entry in manifest.segments:
         clash = np.intersect1d(segment_ids(out, entry), new)
         if len(clash):
             raise InputError(
                 f"dataset {str(ds.path)!r} has ids already in index {out!r} (e.g. id "
-                f"{int(clash[0])}, {len(clash)} in segment {entry['name']!r}); ingest it with "
+                f"{int(clash[0])}, {len(clash)} in segment {entry.name!r}); ingest it with "
                 "`--id-offset` past the index's largest id, or with an id column")
 
 
 def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stall_timeout,
-              hold: list[Any] | None = None) -> dict[str, Any]:
+              hold: list[Any] | None = None) -> PermutationManifest:
     """Run a planned build on ``client``; returns the new manifest.
 
     A fresh build is written beside ``out`` and renamed into place when complete; an append
@@ -364,8 +368,9 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
     # that loses the race merges its segments into the winner's manifest and tries again
     with index_lock(plan.out, timeout=stall):
         if plan.append:
-            manifest = read_manifest(plan.out)  # another append may have landed meanwhile
-            if plan.batch is not None and plan.batch in manifest.get("batches", []):
+            # another append may have landed meanwhile
+            manifest = read_permutation_manifest(plan.out, "--append")
+            if manifest.has_batch(plan.batch):
                 log.info("batch %r is in index %s already: nothing to append", plan.batch,
                          plan.out)
                 plan.skipped = True
@@ -374,18 +379,18 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
             try:
                 return _commit_append(plan, entries)
             except BaseException:
-                _remove_segments(plan.out, [e["name"] for e in entries])
+                _remove_segments(plan.out, [e.name for e in entries])
                 raise
         with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
                         inputs=(plan.data.path, plan.model)) as tmp:
             tag = manifest_tag(tmp)  # object storage: the index this build replaces, if any
-            old = ([e["name"] for e in read_manifest(tmp)["segments"]] if tag else [])
+            old = read_index_manifest(tmp).segment_names if tag else []
             entries, op = _build_segments(client, plan, tmp, stall, hold)
-            new = _with_segments({**plan.manifest, **op}, entries, plan.batch)
+            new = _with_segments(replace(plan.manifest, **op), entries, plan.batch)
             try:
                 write_manifest(tmp, new, expect=tag)
             except CommitConflict:
-                _remove_segments(tmp, [e["name"] for e in entries])
+                _remove_segments(tmp, [e.name for e in entries])
                 raise InputError(f"index {str(plan.out)!r} was written by another job while "
                                  "this one built it; nothing of this build was kept: run it "
                                  "again (with --overwrite to replace that index)") from None
@@ -398,16 +403,17 @@ def run_build(client: Any, plan: BuildPlan, *, stall: float = ClusterConfig.stal
 COMMIT_RETRIES = 20
 
 
-def _commit_append(plan: BuildPlan, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def _commit_append(plan: BuildPlan, entries: list[SegmentEntry]) -> PermutationManifest:
     """Swap in the manifest with the appended ``entries``: readers see the old or the new
     index.  On object storage the write is conditional on the manifest read just before; when
     another append or a compaction committed meanwhile, the entries are merged into that newer
     manifest (its ids checked again) and the write retried."""
     for attempt in range(COMMIT_RETRIES + 1):
-        manifest, tag = read_manifest_tagged(plan.out)
-        if manifest["model_checksum"] != plan.manifest["model_checksum"]:
+        read, tag = read_manifest_tagged(plan.out)
+        manifest = require_permutation(read, plan.out, "--append")
+        if manifest.model_checksum != plan.manifest.model_checksum:
             raise InputError(f"index {str(plan.out)!r} changed model during the append")
-        if plan.batch is not None and plan.batch in manifest.get("batches", []):
+        if manifest.has_batch(plan.batch):
             raise InputError(f"batch {plan.batch!r} was appended to index {str(plan.out)!r} by "
                              "another job meanwhile; this append was dropped")
         _check_new_ids(str(plan.out), manifest, plan.data)
@@ -437,20 +443,22 @@ def _check_worker_memory(client: Any, list_bytes: int) -> None:
                          "--segment-rows or --permutations, or give the workers more memory")
 
 
-def _with_segments(manifest: dict[str, Any], entries: list[dict[str, Any]],
-                   batch: str | None = None) -> dict[str, Any]:
-    new = {**manifest, "segments": manifest["segments"] + entries}
-    if batch is not None:
-        new["batches"] = [*manifest.get("batches", []), batch]
-    new["rows"] = int(sum(e["rows"] for e in new["segments"]))
-    return new
+_M = TypeVar("_M", bound=PermutationManifest)
+
+
+def _with_segments(manifest: _M, entries: Sequence[SegmentEntry], batch: str | None = None
+                   ) -> _M:
+    segments = (*manifest.segments, *entries)
+    batches = manifest.batches if batch is None else (*(manifest.batches or ()), batch)
+    return replace(manifest, segments=segments, batches=batches,
+                   rows=int(sum(e.rows for e in segments)))
 
 
 def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, stall: float,
-                    hold: list[Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                    hold: list[Any] | None) -> tuple[list[SegmentEntry], dict[str, Any]]:
     """Fit every segment (in worker memory), calibrate on the first (fresh builds), then write
     each with the chosen number of lists; returns the entries and the manifest's operating
-    point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration``)."""
+    point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration_json``)."""
     cfg = plan.cfg
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
     family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
@@ -471,7 +479,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     try:
         if plan.append:
             op: dict[str, Any] = {}
-            keep, window, hkeep = lists, plan.manifest["window"], plan.manifest["hamming_keep"]
+            keep, window, hkeep = lists, plan.manifest.window, plan.manifest.hamming_keep
         else:
             fixed = {"permutations": lists if (cfg.permutations or cfg.epsilon) else None,
                      "window": cfg.window, "hamming_keep": cfg.hamming_keep}
@@ -493,7 +501,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             keep = ref.permutations if ref else min(p.permutations for p in cal.points)
             window = ref.window if ref else (cfg.window or 8)
             hkeep = ref.hamming_keep if ref else (cfg.hamming_keep or 0)
-            op = {"calibration": cal.to_json()}
+            op = {"calibration_json": cal.to_json()}
             log.info("calibration (%.1fs on %d rows, %d queries): %s — %s", cal.seconds,
                      cal.n_database, cal.n_queries, cal.mode, cal.reason)
         writes = [client.submit(tasks.write_fitted, fit, str(index_dir), name, keep, path,
@@ -597,7 +605,7 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
 
 def build_index(client: Any, *, data: str, model: str, out: str,
                 cfg: IndexConfig | None = None, append: bool = False,
-                overwrite: bool = False) -> dict[str, Any]:
+                overwrite: bool = False) -> PermutationManifest:
     """Index dataset ``data`` under ``model`` into directory ``out``; returns the manifest."""
     return run_build(client, plan_build(data=data, model=model, out=out, cfg=cfg,
                                         append=append, overwrite=overwrite))
@@ -615,7 +623,7 @@ class QueryPlan:
     out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
-    manifest: dict[str, Any]
+    manifest: PermutationManifest
     mode: str = "hash"  # the mode the search runs in ("auto" resolved)
     op: tuple[int, int, int] | None = None  # (M, W, H) of a hashed search
     reason: str = ""
@@ -632,19 +640,18 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
                          "of an index built with --family h-hash or eh-hash, not k-NN queries "
                          "(use auto, hash or scan)")
     check_mode(cfg.mode, KNN_MODES)
-    manifest = read_manifest(index)
-    require_permutation(manifest, index, "this query job (use `lshdist query`)")
+    manifest = read_permutation_manifest(index, "this query job (use `lshdist query`)")
     given = sorted({"probe", "candidates"} & cfg.given_)
     if given:
         raise InputError(f"--{given[0]}: only for a subspace index, and {index!r} is a "
                          "permutation index; drop it")
-    if manifest.get("family"):
+    if isinstance(manifest, HyperplaneManifest):
         raise InputError(f"index {index!r} was built for hyperplane queries "
-                         f"({manifest['family']['name']}); query it with --hyperplanes")
+                         f"({manifest.family.name}); query it with --hyperplanes")
     _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
-    if cfg.k > manifest["rows"]:
+    if cfg.k > manifest.rows:
         log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
-                    "neighbours", cfg.k, manifest["rows"], manifest["rows"])
+                    "neighbours", cfg.k, manifest.rows, manifest.rows)
     mode, op, reason = operating_point(manifest, cfg, where=f"index {index!r}")
     recal = _recalibrates(manifest, cfg, qds)
     log.info("query mode %s: %s%s", mode, reason,
@@ -653,38 +660,37 @@ def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = 
                      recal, _estimate(manifest, op))
 
 
-def _estimate(manifest: dict[str, Any], op: tuple[int, int, int] | None) -> float | None:
+def _estimate(manifest: PermutationManifest, op: tuple[int, int, int] | None) -> float | None:
     """The recall the index's calibration measured at operating point ``op`` (None without
     a calibration, or for a point not on its curve)."""
-    raw = manifest.get("calibration")
-    if raw is None or op is None:
+    cal = manifest.calibration
+    if cal is None or op is None:
         return None
-    for p in Calibration.from_json(raw).points:
+    for p in cal.points:
         if (p.permutations, p.window, p.hamming_keep) == tuple(op):
             return float(p.recall)
     return None
 
 
-def _recalibrates(manifest: dict[str, Any], cfg: QueryConfig, qds: Dataset) -> bool:
+def _recalibrates(manifest: PermutationManifest, cfg: QueryConfig, qds: Dataset) -> bool:
     """A bulk ``--mode auto`` query (at least `RECALIBRATE_QUERIES` rows) of an index
     calibrated on other rows (its own, or another query sample) is calibrated again on a
     sample of its own queries before it runs, as `MetricIndex.query` does: a database's own
     rows can be easier queries than the real ones."""
-    raw = manifest.get("calibration")
-    if cfg.mode != "auto" or raw is None or qds.n < RECALIBRATE_QUERIES:
+    cal = manifest.calibration
+    if cfg.mode != "auto" or cal is None or qds.n < RECALIBRATE_QUERIES:
         return False
-    sampled = (raw.get("extra") or {}).get("queries")
+    sampled = (cal.extra or {}).get("queries")
     return not (isinstance(sampled, str) and resolved(sampled) == resolved(qds.path))
 
 
-def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
+def operating_point(manifest: PermutationManifest, cfg: QueryConfig, *, where: str
                     ) -> tuple[str, tuple[int, int, int] | None, str]:
     """The mode and (M, W, H) a query runs with: ``--mode scan|hash`` as asked (hash at the
     index's point, or at ``--target-recall``'s point of its calibration curve); ``auto``: the
     calibration's choice (hash for an index built without calibration)."""
-    own = (manifest["permutations"] or 0, manifest["window"], manifest["hamming_keep"])
-    raw = manifest.get("calibration")
-    cal = None if raw is None else Calibration.from_json(raw, where=f"{where}: calibration")
+    own = manifest.operating_point
+    cal = manifest.calibration
     if cfg.mode == "scan":
         return "scan", None, "asked for (--mode scan)"
     if cal is None:
@@ -692,7 +698,7 @@ def operating_point(manifest: dict[str, Any], cfg: QueryConfig, *, where: str
             raise InputError(f"{where} was built without calibration; --target-recall needs "
                              "an index built by this version (rebuild it)")
         return "hash", None if not own[0] else own, "the index's own parameters (no calibration)"
-    built = manifest["permutations"] or max(p.permutations for p in cal.points)
+    built = manifest.permutations or max(p.permutations for p in cal.points)
     if cfg.target_recall is None:
         point, reason = cal.chosen, cal.reason
     else:
@@ -715,11 +721,11 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
     the manifest's order; the caller releases them), else they are read from the index.
     """
     cfg, manifest, qds = plan.cfg, plan.manifest, plan.queries
-    if segments is not None and len(segments) != len(manifest["segments"]):
+    if segments is not None and len(segments) != len(manifest.segments):
         raise InputError(f"{len(segments)} segments in memory for an index of "
-                         f"{len(manifest['segments'])}: pass the ones its build held")
-    family_f = broadcast_family(client, manifest["model"], bits=manifest["bits"],
-                                seed=manifest["seed"], learned=manifest["learned"])
+                         f"{len(manifest.segments)}: pass the ones its build held")
+    family_f = broadcast_family(client, manifest.model, bits=manifest.bits,
+                                seed=manifest.seed, learned=manifest.learned)
     if segments is None:
         homes = placement(client, manifest)
         segs = load_segments(client, str(plan.index), manifest, homes)
@@ -738,7 +744,7 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
         op = None if plan.op is None else dict(zip(("permutations", "window", "hamming_keep"),
                                                    plan.op))
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
-                           inputs=(plan.index, qds.path, manifest["model"]),
+                           inputs=(plan.index, qds.path, manifest.model),
                            info={"mode": plan.mode, "operating_point": op,
                                  "reason": plan.reason,
                                  "measured_recall": None if recall is None
@@ -775,11 +781,11 @@ def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[
     answer by the scan where the point falls short of the target.  Returns the plan the
     queries are answered with and the record for ``results.json``."""
     cfg, qds = plan.cfg, plan.queries
-    raw = plan.manifest.get("calibration")
+    cal = plan.manifest.calibration
     target = cfg.target_recall
-    if target is None and raw is not None:
-        target = Calibration.from_json(raw).target
-    rows = check_rows(qds.n, int(plan.manifest["seed"]))
+    if target is None and cal is not None:
+        target = cal.target
+    rows = check_rows(qds.n, plan.manifest.seed)
     truth: list[np.ndarray] = []
     t0 = time.perf_counter()
 
@@ -807,7 +813,7 @@ def _checked(client: Any, plan: QueryPlan, segs: Sequence[Any], homes: Sequence[
 
     d = enforce(mode=plan.mode, point=plan.op, estimate=plan.estimate, target=target,
                 auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
-                recalibrate=None if plan.recalibrate or raw is None else recalibrate)
+                recalibrate=None if plan.recalibrate or cal is None else recalibrate)
     if d.recall.sampled:
         log.info("recall check: %d of the %d queries answered exactly too (%.1fs, %.1f %% of "
                  "an exact scan of the queries)", d.recall.sampled, qds.n,
@@ -837,9 +843,9 @@ def spread(sizes: Sequence[int], workers: Sequence[str]) -> list[str | None]:
     return out
 
 
-def placement(client: Any, manifest: dict[str, Any]) -> list[str | None]:
+def placement(client: Any, manifest: PermutationManifest) -> list[str | None]:
     """The worker each of an index's segments is loaded on (`spread` by rows)."""
-    return spread([int(e["rows"]) for e in manifest["segments"]],
+    return spread([e.rows for e in manifest.segments],
                   sorted(client.scheduler_info().get("workers", {})))
 
 
@@ -849,7 +855,7 @@ def holders(client: Any, futures: Sequence[Any]) -> list[str | None]:
     return [min(who.get(f.key) or [None], key=str) for f in futures]
 
 
-def load_segments(client: Any, index: str, manifest: dict[str, Any],
+def load_segments(client: Any, index: str, manifest: PermutationManifest,
                   where: Sequence[str | None] | None = None) -> list[Any]:
     """Futures of an index's segments, loaded spread over the workers (``where``, default
     `placement`; a worker that leaves is replaced by any other: the placement is a
@@ -857,7 +863,7 @@ def load_segments(client: Any, index: str, manifest: dict[str, Any],
     where = placement(client, manifest) if where is None else where
     return [client.submit(tasks.load_segment, index, e, manifest, pure=False, retries=2,
                           workers=None if w is None else [w], allow_other_workers=w is not None)
-            for e, w in zip(manifest["segments"], where)]
+            for e, w in zip(manifest.segments, where)]
 
 
 def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], family_f: Any,
@@ -866,21 +872,23 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
     the first segment, as a build calibrates, for the merged answer of all ``segs``;
     per-segment parameters from it)."""
     t0 = time.perf_counter()
-    old = Calibration.from_json(plan.manifest["calibration"])
+    old = plan.manifest.calibration
+    if old is None:
+        raise InputError(f"index {str(plan.index)!r} was built without calibration; it cannot "
+                         "be calibrated again on the queries (rebuild it)")
     target = plan.cfg.target_recall if plan.cfg.target_recall is not None else old.target
     fixed = old.extra.get("fixed") or {}
     held: list[Any] = []
     try:
         pooled = _merged_grid(client, segs, family_f, plan.cfg.k, target, fixed, stall,
                               data=None, shards=None, queries=str(plan.queries.path),
-                              seed=int(plan.manifest["seed"]), held=held,
-                              n_parts=sum(len(e.get("parts", [e]))
-                                          for e in plan.manifest["segments"]),
-                              n_rows=int(plan.manifest["rows"]))
+                              seed=plan.manifest.seed, held=held,
+                              n_parts=sum(e.n_parts for e in plan.manifest.segments),
+                              n_rows=plan.manifest.rows)
     finally:
         client.cancel(held)
     f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,
-                      plan.cfg.k, target, fixed, int(plan.manifest["seed"]), pooled,
+                      plan.cfg.k, target, fixed, plan.manifest.seed, pooled,
                       pure=False, retries=2)
     for _ in _progress([f], "calibrate", stall):
         pass

@@ -45,16 +45,16 @@ from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_e
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     FORMAT,
-    VERSION,
+    SubspaceManifest,
     index_lock,
     new_segment_name,
-    read_manifest,
+    read_index_manifest,
     write_manifest,
 )
+from lshdist.store.manifest import GroupEntry, SubspaceRecord
 from lshdist.store.model import read_model_meta
 from lshdist.store.objects import ObjectPath, as_path, resolved
 from lshdist.store.subspace import (
-    METHOD,
     SUBSPACE_VERSION,
     write_group,
     write_subspaces,
@@ -132,7 +132,7 @@ def group_piece(members: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], g
 
 def write_group_task(pieces: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None],
                      number: int, V: np.ndarray, bits: int, seed: int, final: bool,
-                     index_dir: str, name: str) -> dict[str, Any]:
+                     index_dir: str, name: str) -> GroupEntry:
     """Gather group ``number``'s members from the shards, order them by id, make the group
     (`make_group`, as in one process) and write it as segment ``name``; returns its entry."""
     got = [p for p in pieces if p is not None]
@@ -200,7 +200,8 @@ class SubspaceBuildPlan:
     out: Path | ObjectPath
     cfg: IndexConfig
     overwrite: bool
-    manifest: dict[str, Any]
+    #: the manifest's head: model, model_checksum, kind, d and seed
+    head: dict[str, Any]
     min_group: int
 
 
@@ -235,10 +236,9 @@ def plan_subspace_build(*, data: str, model: str, out: str, cfg: IndexConfig,
                           max_rounds=cfg.max_rounds, krylov_iters=cfg.krylov_iters,
                           n_probe=cfg.probe, n_candidates=cfg.candidates, seed=cfg.seed)
     min_group = probe.check_params(ds.d)  # the one-process index's own checks
-    manifest = {"format": FORMAT, "version": VERSION, "method": METHOD,
-                "model": resolved(model), "model_checksum": meta["checksum"],
-                "kind": meta["kind"], "d": ds.d, "seed": cfg.seed}
-    return SubspaceBuildPlan(ds, as_path(model), as_path(out), cfg, overwrite, manifest, min_group)
+    head = {"model": resolved(model), "model_checksum": meta["checksum"], "kind": meta["kind"],
+            "d": ds.d, "seed": cfg.seed}
+    return SubspaceBuildPlan(ds, as_path(model), as_path(out), cfg, overwrite, head, min_group)
 
 
 @dataclass
@@ -322,7 +322,7 @@ def _remaining_rows(client: Any, Zc: Any, remaining: Any, t: int) -> Any:
 
 
 def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,
-                       stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
+                       stall: float = ClusterConfig.stall_timeout) -> SubspaceManifest:
     """Run a planned subspace build on ``client``; returns the manifest (the index is written
     aside and renamed into place when complete, under the index lock)."""
     from dask.delayed import delayed
@@ -373,21 +373,22 @@ def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,
             entries = [f.result() for f in writes]
         finally:
             client.cancel(held)
-        sizes = [int(e["rows"]) for e in entries]
+        sizes = [e.rows for e in entries]
         checksum = write_subspaces(tmp, np.stack(part.bases), part.center)
-        manifest = {**plan.manifest, "rows": int(sum(sizes)), "segments": entries,
-                    "subspace": {"version": SUBSPACE_VERSION, "rank": cfg.rank,
-                                 "bits": cfg.code_bits, "eta": cfg.eta, "alpha": cfg.alpha,
-                                 "max_rounds": cfg.max_rounds, "min_group": plan.min_group,
-                                 "krylov_iters": cfg.krylov_iters, "n_probe": cfg.probe,
-                                 "n_candidates": cfg.candidates,
-                                 # the recall a query calibrates --probe and --candidates for
-                                 # on a sample of its queries (None: they were fixed here)
-                                 "target_recall": None if {"probe", "candidates"} & cfg.given_
-                                 else cfg.target_recall,
-                                 "rounds": [vars(r) for r in part.rounds],
-                                 "group_sizes": sizes, "subspaces_checksum": checksum}}
-        write_manifest(tmp, manifest)
+        record = SubspaceRecord(
+            version=SUBSPACE_VERSION, rank=cfg.rank, bits=cfg.code_bits, eta=cfg.eta,
+            alpha=cfg.alpha, max_rounds=cfg.max_rounds, min_group=plan.min_group,
+            krylov_iters=cfg.krylov_iters, n_probe=cfg.probe, n_candidates=cfg.candidates,
+            # the recall a query calibrates --probe and --candidates for on a sample of its
+            # queries (None: they were fixed here)
+            target_recall=None if {"probe", "candidates"} & cfg.given_ else cfg.target_recall,
+            rounds=tuple(part.rounds), group_sizes=tuple(sizes), subspaces_checksum=checksum)
+        write_manifest(tmp, SubspaceManifest(**plan.head, rows=int(sum(sizes)),
+                                             segments=tuple(entries), subspace=record))
     log.info("subspace index %s: %d rows in %d groups, %.1fs", plan.out, sum(sizes), len(sizes),
              time.perf_counter() - t0)
-    return read_manifest(plan.out)
+    manifest = read_index_manifest(plan.out)
+    if not isinstance(manifest, SubspaceManifest):
+        raise InputError(f"index {str(plan.out)!r} was replaced by another job during the "
+                         "build")
+    return manifest

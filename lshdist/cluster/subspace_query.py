@@ -45,7 +45,8 @@ from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, meas
 from lshdist.index.subspace import probe_mask, search_group
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import Dataset
-from lshdist.store.index import index_method, read_manifest
+from lshdist.store.index import read_index_manifest
+from lshdist.store.manifest import GroupEntry, SubspaceManifest
 from lshdist.store.objects import ObjectPath, as_path
 from lshdist.store.results import write_results
 from lshdist.store.subspace import METHOD, GroupSegment, read_group, read_subspaces
@@ -59,11 +60,11 @@ Routed = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 # ------------------------------------------------------------------------------ worker tasks
 
 
-def load_group(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]) -> GroupSegment:
+def load_group(index_dir: str, entry: GroupEntry, manifest: SubspaceManifest) -> GroupSegment:
     return read_group(index_dir, entry, manifest)
 
 
-def load_router(index_dir: str, manifest: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def load_router(index_dir: str, manifest: SubspaceManifest) -> tuple[np.ndarray, np.ndarray]:
     return read_subspaces(index_dir, manifest)
 
 
@@ -167,7 +168,7 @@ class SubspaceQueryPlan:
     out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
-    manifest: dict[str, Any]
+    manifest: SubspaceManifest
     mode: str
     n_probe: int
     n_candidates: int
@@ -177,8 +178,8 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
                         overwrite: bool = False) -> SubspaceQueryPlan:
     """Check a query of a subspace index on the driver (no cluster)."""
     cfg = cfg or QueryConfig()
-    manifest = read_manifest(index)
-    if index_method(manifest) != METHOD:
+    manifest = read_index_manifest(index)
+    if not isinstance(manifest, SubspaceManifest):
         raise InputError(f"index {index!r} is not a subspace index")
     if cfg.mode == "rank":
         raise InputError("--mode rank answers --hyperplanes queries of an index built with "
@@ -188,18 +189,18 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
         raise InputError("--target-recall calibrates --probe and --candidates on a sample of "
                          "the queries; give one or the other (and not --mode scan)")
     _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
-    rec = manifest["subspace"]
-    built_target = rec.get("target_recall")
+    rec = manifest.subspace
+    built_target = rec.target_recall
     if (cfg.mode == "auto" and cfg.target_recall is None and cfg.probe is None
             and cfg.candidates is None and built_target is not None):
         # the index was built for a recall: calibrate for it on a sample of these queries
         cfg = replace(cfg, target_recall=float(built_target))
     if cfg.mode == "scan":
-        mode, probe, cand = "scan", len(manifest["segments"]), max(rec["group_sizes"])
+        mode, probe, cand = "scan", len(manifest.segments), max(rec.group_sizes)
     else:
         mode = "hash"
-        probe = cfg.probe if cfg.probe is not None else rec["n_probe"]
-        cand = cfg.candidates if cfg.candidates is not None else rec["n_candidates"]
+        probe = cfg.probe if cfg.probe is not None else rec.n_probe
+        cand = cfg.candidates if cfg.candidates is not None else rec.n_candidates
     return SubspaceQueryPlan(as_path(index), qds, as_path(out), cfg, overwrite, manifest, mode,
                              probe, cand)
 
@@ -212,16 +213,16 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
 
     cfg, m, qds = plan.cfg, plan.manifest, plan.queries
     index = str(plan.index)
-    metric_f = client.submit(load_metric, m["model"], pure=False, retries=2)
+    metric_f = client.submit(load_metric, m.model, pure=False, retries=2)
     router_f = client.submit(load_router, index, m, pure=False, retries=2)
     client.replicate([metric_f, router_f])
     workers = sorted(client.scheduler_info().get("workers", {}))
-    entries = m["segments"]
-    where = spread([int(e["rows"]) for e in entries], workers)
+    entries = m.segments
+    where = spread([e.rows for e in entries], workers)
     segs = [client.submit(load_group, index, e, m, pure=False, retries=2,
                           workers=None if w is None else [w], allow_other_workers=w is not None)
             for e, w in zip(entries, where)]
-    sizes = np.asarray(m["subspace"]["group_sizes"], np.int64)
+    sizes = np.asarray(m.subspace.group_sizes, np.int64)
     window = in_flight or 2 * max(1, len(workers))
     chunks = query_chunks(qds.shard_bounds.tolist(), chunk_rows(cfg.query_chunk, cfg.k))
     held: dict[Any, list[Any]] = {}
@@ -234,7 +235,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
             plan, calibration = _calibrated(client, plan, metric_f, router_f, segs, sizes,
                                             stall)
             reason = calibration["reason"]
-            rows_n = int(m["rows"])
+            rows_n = m.rows
             if (plan.cfg.mode == "auto"
                     and calibration["chosen"]["reranked"] >= SCAN_SHARE * rows_n):
                 plan = _as_scan(plan)
@@ -261,7 +262,7 @@ def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
     total = 0
     try:
         with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
-                           inputs=(plan.index, qds.path, m["model"]),
+                           inputs=(plan.index, qds.path, m.model),
                            info={"mode": plan.mode, "method": METHOD, "operating_point": op,
                                  "reason": reason, "calibration": calibration,
                                  "measured_recall": None if recall is None
@@ -288,8 +289,8 @@ SCAN_SHARE = 0.5
 
 
 def _as_scan(plan: SubspaceQueryPlan) -> SubspaceQueryPlan:
-    sizes = plan.manifest["subspace"]["group_sizes"]
-    return replace(plan, mode="scan", n_probe=len(plan.manifest["segments"]),
+    sizes = plan.manifest.subspace.group_sizes
+    return replace(plan, mode="scan", n_probe=len(plan.manifest.segments),
                  n_candidates=max(sizes))
 
 
@@ -304,8 +305,8 @@ def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[st
     record and the reason of a change ("" for none)."""
     cfg, qds = plan.cfg, plan.queries
     k = cfg.k
-    rows = check_rows(qds.n, int(plan.manifest["seed"]))
-    n_groups = len(plan.manifest["segments"])
+    rows = check_rows(qds.n, plan.manifest.seed)
+    n_groups = len(plan.manifest.segments)
     truth: list[np.ndarray] = []
 
     def answer(mode: str, n_probe: int, n_candidates: int) -> np.ndarray:
@@ -348,7 +349,7 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
 
     t0 = time.perf_counter()
     k, target = plan.cfg.k, float(plan.cfg.target_recall or 0.0)
-    seed = int(plan.manifest["seed"])
+    seed = plan.manifest.seed
     sample_f = client.submit(tasks.calibration_sample, None, None, str(plan.queries.path), seed,
                              pure=False, retries=2)
     routed_f = client.submit(route_sample, sample_f, metric_f, router_f, pure=False, retries=2)

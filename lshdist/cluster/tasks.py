@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,13 @@ from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_top
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.embedded import open_data
-from lshdist.store.index import contiguous_span, read_segment, write_segment
+from lshdist.store.index import (
+    PermutationManifest,
+    SegmentEntry,
+    contiguous_span,
+    read_segment,
+    write_segment,
+)
 from lshdist.store.results import PartWriter, queries_per_group
 
 if TYPE_CHECKING:
@@ -175,13 +182,12 @@ def calibrated_part(segment: PermutationIndex | PackedSegment) -> int:
 
 
 def write_fitted(index: PermutationIndex, index_dir: str, name: str, lists: int,
-                 data_path: str, shards: tuple[int, int]) -> dict[str, Any]:
+                 data_path: str, shards: tuple[int, int]) -> SegmentEntry:
     """Write a fitted segment with its first ``lists`` lists; returns its manifest entry."""
     ds = Dataset(data_path)
     start, stop = (int(ds.shard_bounds[i]) for i in shards)
     entry = write_segment(index_dir, name, index.truncated(min(lists, index.n_permutations_)))
-    entry.update(source=str(data_path), start=start, stop=stop)
-    return entry
+    return replace(entry, source=str(data_path), start=start, stop=stop)
 
 
 def truncated(index: PermutationIndex, lists: int) -> PermutationIndex:
@@ -194,7 +200,7 @@ def truncated(index: PermutationIndex, lists: int) -> PermutationIndex:
     return out
 
 
-def load_segment(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any]
+def load_segment(index_dir: str, entry: SegmentEntry, manifest: PermutationManifest
                  ) -> PermutationIndex | PackedSegment:
     return read_segment(index_dir, entry, manifest)
 
@@ -269,19 +275,21 @@ def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir:
     return out.queries
 
 
-def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str, Any],
+def recalibrate_stored(index_dir: str, entry: SegmentEntry, manifest: PermutationManifest,
                        ) -> dict[str, Any] | None:
     """Calibrate a stored segment again (after compaction changed the segment sizes), on a
     sample of its own rows taken from its stored keys and re-rank payload, for the target and k
     of the index's calibration; None where the payload cannot serve as queries (kernel
     payloads: their query side holds other arrays)."""
-    from lshdist.index.calibrate import SAMPLE_QUERIES, Calibration, calibrate, sample_rows
+    from lshdist.index.calibrate import SAMPLE_QUERIES, calibrate, sample_rows
 
-    old = Calibration.from_json(manifest["calibration"])
+    old = manifest.calibration
+    if old is None:
+        return None
     seg = max(parts_of(read_segment(index_dir, entry, manifest)), key=len)
     if not isinstance(seg.payload_, DensePayload):
         return None
-    qrows = sample_rows(len(seg), SAMPLE_QUERIES, int(manifest["seed"]))
+    qrows = sample_rows(len(seg), SAMPLE_QUERIES, manifest.seed)
     fixed = old.extra.get("fixed") or {}
     m, w, h = (fixed.get(key) for key in ("permutations", "window", "hamming_keep"))
     cal = calibrate(seg, qrows, np.ascontiguousarray(seg.codes_[qrows]),
@@ -294,8 +302,8 @@ def recalibrate_stored(index_dir: str, entry: dict[str, Any], manifest: dict[str
     return out
 
 
-def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: dict[str, Any],
-                   name: str) -> dict[str, Any]:
+def merge_segments(index_dir: str, entries: Sequence[SegmentEntry],
+                   manifest: PermutationManifest, name: str) -> SegmentEntry:
     """Merge stored segments into one new segment ``name`` (compaction); returns its entry.
 
     The lists are re-fitted from the stored keys and re-rank payloads, concatenated in the
@@ -317,10 +325,8 @@ def merge_segments(index_dir: str, entries: Sequence[dict[str, Any]], manifest: 
     # `from_arrays`; the protocol does not name it)
     payload_cls: Any = type(segs[0].payload_)
     payload = payload_cls.from_arrays(merged)
-    m = manifest["permutations"]
-    index = PermutationIndex(n_permutations=m, epsilon=None if m else manifest["epsilon"],
-                             seed=permutation_seed(manifest["seed"]))
-    index.fit(codes, manifest["bits"], payload, ids)
-    entry = write_segment(index_dir, name, index)
-    entry.update(contiguous_span(list(entries)))
-    return entry
+    m = manifest.permutations
+    index = PermutationIndex(n_permutations=m, epsilon=None if m else manifest.epsilon,
+                             seed=permutation_seed(manifest.seed))
+    index.fit(codes, manifest.bits, payload, ids)
+    return replace(write_segment(index_dir, name, index), **contiguous_span(entries))

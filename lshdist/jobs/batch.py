@@ -53,7 +53,7 @@ def build_index(argv: Sequence[str] | None = None) -> int:
                           overwrite=args.overwrite)
         with client_from_config(job.cluster) as client:
             m = run_build(client, plan, stall=job.cluster.stall_timeout)
-        sys.stdout.write(f"index {plan.out}: {m['rows']} rows in {len(m['segments'])} "
+        sys.stdout.write(f"index {plan.out}: {m.rows} rows in {len(m.segments)} "
                          "segments\n")
         return 0
 

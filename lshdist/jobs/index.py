@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"index {args.out}: batch {args.batch!r} is in it already; nothing "
                          "appended\n")
         return 0
-    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
-                     f"(b={m['bits']}, W={m['window']})\n")
+    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} segments "
+                     f"(b={m.bits}, W={m.window})\n")
     return 0
 
 
@@ -70,9 +70,9 @@ def _run_hyperplane(args: argparse.Namespace, cfg: IndexConfig, cluster: Cluster
                                  overwrite=args.overwrite)
     with client_from_config(cluster) as client:
         m = run_hyperplane_build(client, plan, stall=cluster.stall_timeout)
-    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} segments "
-                     f"({m['family']['name']}, b={m['bits']}, M={m['permutations']}, "
-                     f"W={m['window']})\n")
+    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} segments "
+                     f"({m.family.name}, b={m.bits}, M={m.permutations}, "
+                     f"W={m.window})\n")
     return 0
 
 
@@ -85,9 +85,9 @@ def _run_subspace(args: argparse.Namespace, cfg: IndexConfig, cluster: ClusterCo
                                overwrite=args.overwrite, append=args.append, batch=args.batch)
     with client_from_config(cluster) as client:
         m = run_subspace_build(client, plan, stall=cluster.stall_timeout)
-    rec = m["subspace"]
-    sys.stdout.write(f"index {args.out}: {m['rows']} rows in {len(m['segments'])} groups "
-                     f"({len(rec['rounds'])} rounds; subspace, k={rec['rank']}, "
-                     f"r={rec['bits']}, probe={rec['n_probe']}, "
-                     f"candidates={rec['n_candidates']})\n")
+    rec = m.subspace
+    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} groups "
+                     f"({len(rec.rounds)} rounds; subspace, k={rec.rank}, "
+                     f"r={rec.bits}, probe={rec.n_probe}, "
+                     f"candidates={rec.n_candidates})\n")
     return 0

@@ -6,10 +6,13 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lshdist.errors import FormatError, InputError
 from lshdist.store.objects import ObjectPath, as_path
+
+if TYPE_CHECKING:
+    from lshdist.store.manifest import PermutationManifest, SubspaceManifest
 
 _MAX_CLASS_NAMES = 30
 
@@ -54,48 +57,53 @@ def describe_model(path: Path | ObjectPath) -> dict[str, Any]:
 
 
 def describe_index(path: Path | ObjectPath) -> dict[str, Any]:
-    from lshdist.store.index import list_orphans, read_manifest
+    from lshdist.store.index import SubspaceManifest, list_orphans, read_index_manifest
 
-    m = read_manifest(path)
+    m = read_index_manifest(path)
     orphans = [str(p) for p in list_orphans(path)]
-    if m.get("method") == "subspace":
+    if isinstance(m, SubspaceManifest):
         return _describe_subspace(path, m, orphans)
-    segs = [f"{e['name']} ({e['rows']} rows, M={e['permutations']}, from {e.get('source', '?')}"
-            f" rows {e.get('start', '?')}:{e.get('stop', '?')})" for e in m["segments"]]
-    return {"format": f"{m['format']} v{m['version']}", "path": str(path), "rows": m.get("rows"),
-            "model": m["model"], "model_checksum": m["model_checksum"], "kind": m["kind"],
-            "bits": m["bits"], "window": m["window"], "hamming_keep": m["hamming_keep"],
-            "permutations": m["permutations"],
-            "learned_hash": m["learned"], "n_segments": len(segs), "segments": segs,
+
+    def known(v: Any) -> Any:
+        return "?" if v is None else v
+
+    segs = [f"{e.name} ({e.rows} rows, M={e.permutations}, from {known(e.source)}"
+            f" rows {known(e.start)}:{known(e.stop)})" for e in m.segments]
+    return {"format": f"{m.format} v{m.version}", "path": str(path), "rows": m.rows,
+            "model": m.model, "model_checksum": m.model_checksum, "kind": m.kind,
+            "bits": m.bits, "window": m.window, "hamming_keep": m.hamming_keep,
+            "permutations": m.permutations,
+            "learned_hash": m.learned, "n_segments": len(segs), "segments": segs,
             **_calibration(m),
             # a running build's segments, or a failed one's leftovers (`lshdist gc`)
             "orphans": orphans or None}
 
 
-def _describe_subspace(path: Path | ObjectPath, m: dict[str, Any], orphans: list[str]
+def _describe_subspace(path: Path | ObjectPath, m: SubspaceManifest, orphans: list[str]
                        ) -> dict[str, Any]:
     """A subspace index (`lshdist.store.subspace`): its parameters, rounds and groups."""
-    rec = m["subspace"]
-    rounds = [f"round {r['round']}: {r['remaining']} remaining, alpha {r['alpha']:.4g}, "
-              f"threshold {r['threshold']:.4g}, captured {r['captured']}" for r in rec["rounds"]]
-    segs = [f"{e['name']} (group {e['group']}{', final' if e['final'] else ''}, {e['rows']} "
-            "rows)" for e in m["segments"]]
-    return {"format": f"{m['format']} v{m['version']} (subspace v{rec['version']})",
-            "path": str(path), "rows": m["rows"], "model": m["model"],
-            "model_checksum": m["model_checksum"], "kind": m["kind"], "method": "subspace",
-            "rank": rec["rank"], "bits": rec["bits"], "eta": rec["eta"], "alpha": rec["alpha"],
-            "krylov_iters": rec["krylov_iters"], "n_probe": rec["n_probe"],
-            "n_candidates": rec["n_candidates"], "rounds": rounds, "n_segments": len(segs),
+    rec = m.subspace
+    rounds = [f"round {r.round}: {r.remaining} remaining, alpha {r.alpha:.4g}, "
+              f"threshold {r.threshold:.4g}, captured {r.captured}" for r in rec.rounds]
+    segs = [f"{e.name} (group {e.group}{', final' if e.final else ''}, {e.rows} "
+            "rows)" for e in m.segments]
+    return {"format": f"{m.format} v{m.version} (subspace v{rec.version})",
+            "path": str(path), "rows": m.rows, "model": m.model,
+            "model_checksum": m.model_checksum, "kind": m.kind, "method": "subspace",
+            "rank": rec.rank, "bits": rec.bits, "eta": rec.eta, "alpha": rec.alpha,
+            "krylov_iters": rec.krylov_iters, "n_probe": rec.n_probe,
+            "n_candidates": rec.n_candidates, "rounds": rounds, "n_segments": len(segs),
             "segments": segs, "orphans": orphans or None}
 
 
-def _calibration(m: dict[str, Any]) -> dict[str, Any]:
+def _calibration(m: PermutationManifest) -> dict[str, Any]:
     """The calibration's choice and its curve: the points no cheaper point beats in recall
     (the trade-off frontier, by `Point.cost`), as lines ``M W H recall %searched [ms/query]``."""
-    from lshdist.index.calibrate import Calibration
     from lshdist.tradeoff import pareto_front
 
-    cal = Calibration.from_json(m["calibration"])
+    cal = m.calibration
+    if cal is None:
+        return {}
     frontier = pareto_front(cal.points, cal.width)
     curve = [f"M={p.permutations:<4} W={p.window:<3} H={p.hamming_keep:<5} recall "
              f"{p.recall:.3f}  searched {100 * p.fraction_searched:6.2f}%"

@@ -34,12 +34,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from lshdist.cluster.pipeline import plan_query, run_query
-    from lshdist.store.index import index_method, read_manifest
+    from lshdist.store.index import SubspaceManifest, read_index_manifest
 
     cluster = from_args(ClusterConfig, args)
     if args.hyperplanes is not None:
         return _run_hyperplanes(args, cluster)
-    if index_method(read_manifest(args.index)) == "subspace":
+    if isinstance(read_index_manifest(args.index), SubspaceManifest):
         return _run_subspace(args, cluster)
     plan = plan_query(index=args.index, queries=args.queries, out=args.out,
                       cfg=from_args(QueryConfig, args), overwrite=args.overwrite)

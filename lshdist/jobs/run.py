@@ -233,13 +233,13 @@ def run_active_config(cfg: RunConfig, fresh: bool) -> int:
 
 def q_point(index: Path) -> dict[str, Any]:
     """The index's operating point and calibration summary (from its manifest)."""
-    from lshdist.store.index import read_manifest
+    from lshdist.store.index import read_permutation_manifest
 
-    m = read_manifest(index)
-    cal = m.get("calibration") or {}
-    return {"permutations": m["permutations"], "window": m["window"],
-            "hamming_keep": m["hamming_keep"], "calibration_mode": cal.get("mode"),
-            "calibration": cal.get("reason"), "calibration_seconds": cal.get("seconds")}
+    m = read_permutation_manifest(index, "a run's query")
+    cal = m.calibration
+    return {"permutations": m.permutations, "window": m.window,
+            "hamming_keep": m.hamming_keep, "calibration_mode": cal and cal.mode,
+            "calibration": cal and cal.reason, "calibration_seconds": cal and cal.seconds}
 
 
 def _print_report(cfg: RunConfig, train: Dataset, test: Dataset, ks: list[int],
@@ -265,10 +265,9 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     cost against b), measured in one process, and the calibration curve of the run's index
     (``calibration.png``)."""
     from lshdist.evaluation import baseline_metric
-    from lshdist.index.calibrate import Calibration
     from lshdist.plots import plot_calibration, save, write_plots
     from lshdist.store.embedded import open_data
-    from lshdist.store.index import read_manifest
+    from lshdist.store.index import read_permutation_manifest
     from lshdist.store.model import load_model
     from lshdist.tradeoff import measure_tradeoff
 
@@ -286,7 +285,7 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     data["name"] = cfg.name
     atomic_write_text(work / "tradeoff.json", json.dumps(data, indent=2))
     write_plots(data, work)
-    m = read_manifest(work / "index")
-    if m.get("calibration") is not None:
-        save(plot_calibration(Calibration.from_json(m["calibration"]), name=f"{cfg.name} index",
-                              rows=m["rows"]), work / "calibration.png")
+    m = read_permutation_manifest(work / "index", "a run's plots")
+    if m.calibration is not None:
+        save(plot_calibration(m.calibration, name=f"{cfg.name} index", rows=m.rows),
+             work / "calibration.png")

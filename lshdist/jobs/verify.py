@@ -6,11 +6,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lshdist.errors import FormatError, InputError
 from lshdist.jobs.info import directory_format
 from lshdist.store.objects import ObjectPath, as_path
+
+if TYPE_CHECKING:
+    from lshdist.store.manifest import IndexManifest
 
 
 def verify_dataset(path: Path | ObjectPath) -> str:
@@ -30,33 +33,35 @@ def verify_model(path: Path | ObjectPath) -> str:
 
 
 def verify_index_dir(path: Path | ObjectPath) -> str:
-    from lshdist.store.index import list_orphans, verify_index
+    from lshdist.store.index import list_orphans, verify_index_manifest
     from lshdist.store.model import load_model
 
-    manifest = verify_index(path)
+    manifest = verify_index_manifest(path)
     try:
-        _, model_meta = load_model(manifest["model"])  # every array against its checksum
+        _, model_meta = load_model(manifest.model)  # every array against its checksum
     except InputError as exc:
         raise InputError(f"index {str(path)!r} is intact, but its model cannot be read: "
                          f"{exc}") from None
-    if model_meta["checksum"] != manifest["model_checksum"]:
+    if model_meta["checksum"] != manifest.model_checksum:
         raise InputError(f"index {str(path)!r} is intact, but the model at "
-                         f"{manifest['model']!r} is not the one it was built with (checksums "
+                         f"{manifest.model!r} is not the one it was built with (checksums "
                          "differ); restore that model or rebuild the index")
     sources = _source_datasets(path, manifest)
     orphans = list_orphans(path)
     extra = f"; {len(orphans)} orphans (`lshdist gc` removes them)" if orphans else ""
-    return (f"index {str(path)!r}: {len(manifest['segments'])} segments, {manifest['rows']} "
+    return (f"index {str(path)!r}: {len(manifest.segments)} segments, {manifest.rows} "
             f"rows, every segment and the model checked{sources}{extra}")
 
 
-def _source_datasets(path: Path | ObjectPath, manifest: dict[str, Any]) -> str:
+def _source_datasets(path: Path | ObjectPath, manifest: IndexManifest) -> str:
     """The datasets the index's segments were built from, each opened (its attributes against
     their checksum, its arrays' shapes): what `verify` says of them.  A dataset that is gone is
     said so, not an error: queries read only the index."""
     from lshdist.store.dataset import Dataset
+    from lshdist.store.manifest import SegmentEntry
 
-    names = list(dict.fromkeys(e["source"] for e in manifest["segments"] if "source" in e))
+    names = list(dict.fromkeys(e.source for e in manifest.segments
+                               if isinstance(e, SegmentEntry) and e.source is not None))
     gone = []
     for name in names:
         if not as_path(name).exists():

@@ -13,6 +13,10 @@ segment list and every field is checked for presence and type; segment names mus
 recomputed from the arrays loaded (a deleted Zarr chunk reads back as fill values and is caught
 here); shapes and ranges are checked before any kernel sees the arrays
 (`lshdist.index.permutation.check_state`).  Builds and appends serialise on `index_lock`.
+
+The checked manifest is handed out typed (`read_index_manifest`: the frozen dataclasses of
+`lshdist.store.manifest`) and written from its ``to_json()``; `read_manifest` gives the checked
+JSON itself, for tools and tests that edit a manifest.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +49,20 @@ from lshdist.store.atomic import atomic_write_text
 from lshdist.store.bounded import open_store, write_store
 from lshdist.store.dataset import repeated_id
 from lshdist.store.files import load_json
+from lshdist.store.manifest import FORMAT as FORMAT
+from lshdist.store.manifest import VERSION as VERSION
+from lshdist.store.manifest import AnyManifest as AnyManifest
+from lshdist.store.manifest import GroupEntry as GroupEntry
+from lshdist.store.manifest import IndexManifest as IndexManifest
+from lshdist.store.manifest import PermutationManifest as PermutationManifest
+from lshdist.store.manifest import SegmentEntry as SegmentEntry
+from lshdist.store.manifest import SegmentPart, as_entry, manifest_from_json
+from lshdist.store.manifest import SubspaceManifest as SubspaceManifest
 from lshdist.store.model import array_checksum, zarr_array
 from lshdist.store.objects import ObjectPath, as_path, is_url, local_path
 
 log = logging.getLogger(__name__)
 
-FORMAT = "lshdist-index"
-#: 2: manifest checksum; segment names checked
-VERSION = 2
 MANIFEST = "index.json"
 SEGMENTS = "segments"
 _PAYLOADS: dict[str, type[DensePayload] | type[KernelPayload] | type[MarginDensePayload]
@@ -182,7 +192,7 @@ def _segment_checksum(arrays: dict[str, np.ndarray]) -> str:
 
 
 def write_segment(index_dir: str | os.PathLike[str], name: str,
-                  index: PermutationIndex) -> dict[str, Any]:
+                  index: PermutationIndex) -> SegmentEntry:
     """Write one fitted segment; returns its manifest entry (name, rows, M, checksum)."""
     arrays = {
         "ids": index.ids_, "codes": index.codes_, "positions": index.positions_,
@@ -191,8 +201,9 @@ def write_segment(index_dir: str | os.PathLike[str], name: str,
     }
     segment_zarr_arrays(segment_path(index_dir, name), arrays,
                         {"payload": index.payload_.kind, "bits": index.bits_})
-    return {"name": name, "rows": len(index.ids_), "permutations": int(index.n_permutations_),
-            "checksum": _segment_checksum(arrays)}
+    return SegmentEntry(name=name, rows=len(index.ids_),
+                        permutations=int(index.n_permutations_),
+                        checksum=_segment_checksum(arrays))
 
 
 def segment_zarr_arrays(path: Path | ObjectPath, arrays: dict[str, np.ndarray],
@@ -229,40 +240,40 @@ def part_dir(i: int) -> str:
     return f"part-{i:04d}"
 
 
-def packed_checksum(parts: list[dict[str, Any]]) -> str:
+def packed_checksum(checksums: Sequence[str]) -> str:
     """A packed segment's checksum: over its parts' checksums, in order."""
-    return hashlib.sha256(json.dumps([p["checksum"] for p in parts]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(list(checksums)).encode()).hexdigest()
 
 
-def contiguous_span(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def contiguous_span(entries: Sequence[SegmentEntry]) -> dict[str, Any]:
     """``{source, start, stop}`` when ``entries`` are consecutive row ranges of one dataset
     (the fields a merged or packed segment keeps), else ``{}``."""
-    sources = {e.get("source") for e in entries}
-    spans = [(e.get("start"), e.get("stop")) for e in entries]
+    sources = {e.source for e in entries}
+    spans = [(e.start, e.stop) for e in entries]
     if (len(sources) == 1 and None not in sources
             and all(isinstance(a, int) and isinstance(b, int) for a, b in spans)
             and all(x[1] == y[0] for x, y in itertools.pairwise(spans))):
-        return {"source": entries[0]["source"], "start": spans[0][0], "stop": spans[-1][1]}
+        return {"source": entries[0].source, "start": spans[0][0], "stop": spans[-1][1]}
     return {}
 
 
-def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any]],
-                  name: str) -> dict[str, Any]:
+def pack_segments(index_dir: str | os.PathLike[str], entries: Sequence[SegmentEntry],
+                  name: str) -> SegmentEntry:
     """Pack stored segments (plain or packed) into one new segment ``name``, each as a part
     copied file for file (the arrays, and so their checksums, unchanged); returns its manifest
     entry.  Nothing names the new segment until the caller swaps the manifest: a kill leaves an
     orphan for `remove_orphans`."""
     sources: list[Path | ObjectPath] = []
-    parts: list[dict[str, Any]] = []
+    parts: list[SegmentPart] = []
     for e in entries:
-        src = segment_path(index_dir, e["name"])
-        subs = ([(src / part_dir(j), p) for j, p in enumerate(e["parts"])] if "parts" in e
-                else [(src, e)])
+        src = segment_path(index_dir, e.name)
+        subs = ([(src / part_dir(j), p) for j, p in enumerate(e.parts)] if e.parts is not None
+                else [(src, SegmentPart(e.rows, e.permutations, e.checksum))])
         for path, p in subs:
             sources.append(path)
-            parts.append({k: p[k] for k in ("rows", "permutations", "checksum")})
-    if len({p["permutations"] for p in parts}) != 1:
-        raise InputError(f"segments with {sorted({p['permutations'] for p in parts})} lists "
+            parts.append(p)
+    if len({p.permutations for p in parts}) != 1:
+        raise InputError(f"segments with {sorted({p.permutations for p in parts})} lists "
                          "cannot be packed into one")
     dst = segment_path(index_dir, name)
     dst.mkdir(parents=True)
@@ -271,16 +282,26 @@ def pack_segments(index_dir: str | os.PathLike[str], entries: list[dict[str, Any
             path.copytree(dst / part_dir(i))
         else:
             shutil.copytree(path, dst / part_dir(i))
-    return {"name": name, "rows": sum(p["rows"] for p in parts),
-            "permutations": parts[0]["permutations"], "checksum": packed_checksum(parts),
-            "parts": parts, **contiguous_span(entries)}
+    return SegmentEntry(name=name, rows=sum(p.rows for p in parts),
+                        permutations=parts[0].permutations,
+                        checksum=packed_checksum([p.checksum for p in parts]),
+                        parts=tuple(parts), **contiguous_span(entries))
 
 
-def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
-                 manifest: dict[str, Any]) -> PermutationIndex | PackedSegment:
-    """Load and verify one segment named by a manifest entry (see `read_manifest`): a
+def _search_params(manifest: PermutationManifest | Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """``(b, W, H, seed)`` of a manifest (as JSON: only these four keys are needed)."""
+    if isinstance(manifest, PermutationManifest):
+        return manifest.bits, manifest.window, manifest.hamming_keep, manifest.seed
+    return (manifest["bits"], manifest["window"], manifest["hamming_keep"], manifest["seed"])
+
+
+def read_segment(index_dir: str | os.PathLike[str], entry: SegmentEntry | Mapping[str, Any],
+                 manifest: PermutationManifest | Mapping[str, Any]
+                 ) -> PermutationIndex | PackedSegment:
+    """Load and verify one segment named by a manifest entry (see `read_index_manifest`): a
     `PermutationIndex`, or a `PackedSegment` of such parts for an entry with ``parts`` (a
-    compacted segment, `pack_segments`).
+    compacted segment, `pack_segments`).  ``entry`` and ``manifest`` may also be given as
+    JSON (`read_manifest`'s; of the manifest only b, W, H and the seed are read).
 
     Every part's checksum is recomputed from the arrays loaded, then shapes and ranges are
     checked (`lshdist.index.permutation.check_state`) before the index is returned.
@@ -290,21 +311,23 @@ def read_segment(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     FormatError
         Naming the segment, for a missing, unreadable, altered or inconsistent segment.
     """
-    name = entry.get("name") if isinstance(entry, dict) else None
+    entry = as_entry(entry)
+    params = _search_params(manifest)
+    name = entry.name
     path = segment_path(index_dir, name)
     restore = f"{_REBUILD} or restore segment {name!r}"
     where = f"segment {name!r} of index {str(index_dir)!r}"
     with unreadable(where):  # on object storage a request: asked only after a failed read
         if not isinstance(path, ObjectPath) and not path.is_dir():
             raise FormatError(f"{where} is missing ({str(path)!r}); {restore}")
-    parts = entry.get("parts")
-    if parts is None:
-        return _read_group(path, entry, manifest, where, restore)
-    return PackedSegment([_read_group(path / part_dir(i), p, manifest, f"{where} (part {i})",
-                                      restore) for i, p in enumerate(parts)])
+    if entry.parts is None:
+        return _read_group(path, SegmentPart(entry.rows, entry.permutations, entry.checksum),
+                           params, where, restore)
+    return PackedSegment([_read_group(path / part_dir(i), p, params, f"{where} (part {i})",
+                                      restore) for i, p in enumerate(entry.parts)])
 
 
-def _read_group(path: Path | ObjectPath, entry: dict[str, Any], manifest: dict[str, Any],
+def _read_group(path: Path | ObjectPath, entry: SegmentPart, params: tuple[int, int, int, int],
                 where: str,
                 restore: str) -> PermutationIndex:
     """One stored segment group at ``path`` checked against ``entry`` (rows, permutations,
@@ -327,24 +350,25 @@ def _read_group(path: Path | ObjectPath, entry: dict[str, Any], manifest: dict[s
             failed = f"{where} is missing ({str(path)!r}); {restore}"
         raise FormatError(failed)
     digest = _segment_checksum({**state, **payload_arrays})
-    if digest != entry["checksum"]:
+    if digest != entry.checksum:
         raise FormatError(f"{where} does not match its checksum (expected "
-                          f"{entry['checksum'][:12]}..., its arrays give {digest[:12]}...): "
+                          f"{entry.checksum[:12]}..., its arrays give {digest[:12]}...): "
                           f"a chunk is damaged or missing; {restore}")
+    want_bits, window, hamming_keep, seed = params
     if not isinstance(kind, str) or kind not in _PAYLOADS or not isinstance(bits, int) or (
-            bits != manifest["bits"]):
+            bits != want_bits):
         raise FormatError(f"{where} declares payload {kind!r} and b={bits!r}; expected one of "
-                          f"{sorted(_PAYLOADS)} and the manifest's b={manifest['bits']}; {restore}")
-    if len(state["ids"]) != entry["rows"] or len(state["positions"]) != entry["permutations"]:
+                          f"{sorted(_PAYLOADS)} and the manifest's b={want_bits}; {restore}")
+    if len(state["ids"]) != entry.rows or len(state["positions"]) != entry.permutations:
         raise FormatError(f"{where} has {len(state['ids'])} rows and {len(state['positions'])} "
-                          f"permutations, the manifest says {entry['rows']} and "
-                          f"{entry['permutations']}; {restore}")
+                          f"permutations, the manifest says {entry.rows} and "
+                          f"{entry.permutations}; {restore}")
     try:
         payload = _PAYLOADS[kind].from_arrays(
             {k.removeprefix("payload/"): v for k, v in payload_arrays.items()})
         return PermutationIndex.from_state(
-            window=manifest["window"], hamming_keep=manifest["hamming_keep"],
-            seed=manifest["seed"], bits=bits, payload=payload, **state)
+            window=window, hamming_keep=hamming_keep,
+            seed=seed, bits=bits, payload=payload, **state)
     except InputError as exc:
         raise FormatError(f"{where} is inconsistent: {exc}; {restore}") from None
 
@@ -360,14 +384,16 @@ def manifest_checksum(manifest: dict[str, Any]) -> str:
 ABSENT = ""
 
 
-def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any], *,
+def write_manifest(index_dir: str | os.PathLike[str],
+                   manifest: IndexManifest | Mapping[str, Any], *,
                    expect: str | None = None) -> None:
     """Check ``manifest``, add its checksum and swap it into place: on a local disk by an
     atomic rename (under `index_lock`); on object storage by a conditional write -- with
     ``expect`` the version tag `read_manifest_tagged` gave (`ABSENT`: the index must not have
     a manifest yet), the write succeeds only if no other job committed meanwhile.
 
-    ``manifest`` itself is not modified.
+    ``manifest``: typed (its ``to_json()`` is written), or as JSON (tests and tools that edit
+    a manifest); it is not modified.
 
     Raises
     ------
@@ -376,7 +402,8 @@ def write_manifest(index_dir: str | os.PathLike[str], manifest: dict[str, Any], 
     CommitConflict
         On object storage, when another job committed since ``expect`` was read.
     """
-    canon = json.loads(json.dumps({k: v for k, v in manifest.items() if k != "checksum"}))
+    raw = manifest.to_json() if isinstance(manifest, IndexManifest) else manifest
+    canon = json.loads(json.dumps({k: v for k, v in raw.items() if k != "checksum"}))
     canon["checksum"] = manifest_checksum(canon)
     root = as_path(index_dir)
     _check_any(canon, root)
@@ -397,19 +424,40 @@ def manifest_tag(index_dir: str | os.PathLike[str]) -> str | None:
     return (root / MANIFEST).etag() or ABSENT
 
 
-def read_manifest_tagged(index_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], str | None]:
-    """`read_manifest` and the version tag it was read at (`manifest_tag`), for a conditional
-    `write_manifest`; the tag is taken first, so a commit in between makes the write fail."""
+def read_manifest_tagged(index_dir: str | os.PathLike[str]) -> tuple[AnyManifest, str | None]:
+    """`read_index_manifest` and the version tag it was read at (`manifest_tag`), for a
+    conditional `write_manifest`; the tag is taken first, so a commit in between makes the
+    write fail."""
     for _ in range(5):
         tag = manifest_tag(index_dir)
-        manifest = read_manifest(index_dir)
+        manifest = read_index_manifest(index_dir)
         if tag == manifest_tag(index_dir):
             return manifest, tag
     return manifest, tag
 
 
+def read_index_manifest(index_dir: str | os.PathLike[str]) -> AnyManifest:
+    """The verified manifest of an index, typed: a `PermutationManifest` (a
+    `HyperplaneManifest` for an index built with ``--family``) or a `SubspaceManifest`.
+
+    Raises
+    ------
+    InputError, FormatError
+        As `read_manifest`.
+    """
+    return manifest_from_json(read_manifest(index_dir))
+
+
+def read_permutation_manifest(index_dir: str | os.PathLike[str], what: str
+                              ) -> PermutationManifest:
+    """`read_index_manifest`, refusing a subspace index where only the permutation index is
+    supported (``what``: the job or option, for the message)."""
+    return require_permutation(read_index_manifest(index_dir), index_dir, what)
+
+
 def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The verified manifest of an index.
+    """The verified manifest of an index as JSON (for tests and tools that edit one; lshdist
+    itself reads `read_index_manifest`).
 
     Raises
     ------
@@ -452,18 +500,15 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def index_method(manifest: dict[str, Any]) -> str:
-    """``permutation`` (the hashed index), or ``subspace`` (`lshdist.store.subspace`)."""
-    return str(manifest.get("method", "permutation"))
-
-
-def require_permutation(manifest: dict[str, Any], index_dir: str | os.PathLike[str],
-                        what: str) -> None:
-    """Refuse a subspace index where only the permutation index is supported (``what``)."""
-    if index_method(manifest) != "permutation":
-        raise InputError(f"index {str(index_dir)!r} is a {index_method(manifest)} index "
-                         f"(--method {index_method(manifest)}); {what} supports permutation "
+def require_permutation(manifest: AnyManifest, index_dir: str | os.PathLike[str],
+                        what: str) -> PermutationManifest:
+    """``manifest``, refusing a subspace index where only the permutation index is supported
+    (``what``)."""
+    if not isinstance(manifest, PermutationManifest):
+        raise InputError(f"index {str(index_dir)!r} is a {manifest.method} index "
+                         f"(--method {manifest.method}); {what} supports permutation "
                          "indexes only")
+    return manifest
 
 
 def _check_any(meta: dict[str, Any], path: Path | ObjectPath) -> None:
@@ -571,7 +616,7 @@ def _check_parts(entry: dict[str, Any], where: str) -> None:
         raise FormatError(f"{where}: parts={str(parts)[:80]!r} is not a list of parts "
                           f"{{rows >= 1, permutations = {entry['permutations']}, checksum}} "
                           f"holding its {entry['rows']} rows; {_REBUILD}")
-    if packed_checksum(parts) != entry["checksum"]:
+    if packed_checksum([p["checksum"] for p in parts]) != entry["checksum"]:
         raise FormatError(f"{where}: its checksum does not match its parts' checksums; "
                           f"{_REBUILD}")
 
@@ -759,8 +804,7 @@ def list_orphans(index_dir: str | os.PathLike[str], *, min_age: float | None = N
     if is_url(index_dir):
         return list(_object_orphans(ObjectPath(str(index_dir)), min_age))
     root = Path(index_dir)
-    manifest = read_manifest(root)
-    named = {e["name"] for e in manifest["segments"]}
+    named = set(read_index_manifest(root).segment_names)
     out: list[Path | ObjectPath] = []
     seg_root = root / SEGMENTS
     with unreadable(f"index {str(root)!r}"):
@@ -786,7 +830,7 @@ def _object_orphans(root: ObjectPath, min_age: float | None = None) -> list[Obje
     import datetime
 
     age = ORPHAN_AGE if min_age is None else min_age
-    named = {e["name"] for e in read_manifest(root)["segments"]}
+    named = set(read_index_manifest(root).segment_names)
     now = datetime.datetime.now(datetime.UTC)
     out = []
     for p in (root / SEGMENTS).iterdir():
@@ -830,6 +874,11 @@ def remove_orphans(index_dir: str | os.PathLike[str], *, timeout: float = 30.0,
 
 
 def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """`verify_index_manifest`, the manifest returned as JSON (as `read_manifest`)."""
+    return verify_index_manifest(index_dir).to_json()
+
+
+def verify_index_manifest(index_dir: str | os.PathLike[str]) -> AnyManifest:
     """Load and check every segment of an index; returns its manifest.
 
     Raises
@@ -837,23 +886,23 @@ def verify_index(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     FormatError
         For the first problem found (see `read_manifest`, `read_segment`).
     """
-    manifest = read_manifest(index_dir)
-    if index_method(manifest) == "subspace":
+    manifest = read_index_manifest(index_dir)
+    if isinstance(manifest, SubspaceManifest):
         from lshdist.store.subspace import read_group, read_subspaces
 
         read_subspaces(index_dir, manifest)
-        for entry in manifest["segments"]:
-            read_group(index_dir, entry, manifest)
+        for group in manifest.segments:
+            read_group(index_dir, group, manifest)
         return manifest
     ids: list[np.ndarray] = []
-    for entry in manifest["segments"]:
+    for entry in manifest.segments:
         seg = read_segment(index_dir, entry, manifest)
         ids += [p.ids_ for p in (seg.parts if isinstance(seg, PackedSegment) else [seg])]
     _check_unique_ids(index_dir, manifest, ids)
     return manifest
 
 
-def _check_unique_ids(index_dir: str | os.PathLike[str], manifest: dict[str, Any],
+def _check_unique_ids(index_dir: str | os.PathLike[str], manifest: PermutationManifest,
                       ids: list[np.ndarray]) -> None:
     """Refuse an id that two rows of the index hold (``ids``: every segment's, in manifest
     order; a packed segment's parts one after the other): an id names one row."""
@@ -861,8 +910,8 @@ def _check_unique_ids(index_dir: str | os.PathLike[str], manifest: dict[str, Any
     dup = repeated_id(everything)
     if dup is None:
         return
-    ends = np.cumsum([e["rows"] for e in manifest["segments"]])
-    names = [manifest["segments"][int(np.searchsorted(ends, r, side="right"))]["name"]
+    ends = np.cumsum([e.rows for e in manifest.segments])
+    names = [manifest.segments[int(np.searchsorted(ends, r, side="right"))].name
              for r in dup[1:]]
     where = (f"twice in segment {names[0]!r}" if names[0] == names[1]
              else f"in segments {names[0]!r} and {names[1]!r}")
@@ -870,13 +919,14 @@ def _check_unique_ids(index_dir: str | os.PathLike[str], manifest: dict[str, Any
                       f"{_REBUILD}")
 
 
-def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.ndarray:
+def segment_ids(index_dir: str | os.PathLike[str],
+                entry: SegmentEntry | Mapping[str, Any]) -> np.ndarray:
     """The ids of one segment (int64; every part's, for a packed one), read alone (for the
-    id-collision check of an append)."""
-    name = entry.get("name") if isinstance(entry, dict) else None
+    id-collision check of an append); ``entry`` typed or as JSON."""
+    entry = as_entry(entry)
+    name = entry.name
     path = segment_path(index_dir, name)
-    paths = ([path / part_dir(i) for i in range(len(entry["parts"]))] if "parts" in entry
-             else [path])
+    paths = [path / part_dir(i) for i in range(entry.n_parts)] if entry.parts else [path]
     try:
         ids = np.concatenate([
             np.asarray(zarr_array(zarr.open_group(open_store(p), mode="r", zarr_format=3),
@@ -885,7 +935,7 @@ def segment_ids(index_dir: str | os.PathLike[str], entry: dict[str, Any]) -> np.
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"segment {name!r} of index {str(index_dir)!r} is unreadable "
                           f"({type(exc).__name__}: {exc}); {_REBUILD}") from None
-    if len(ids) != entry.get("rows"):
+    if len(ids) != entry.rows:
         raise FormatError(f"segment {name!r} of index {str(index_dir)!r} has {len(ids)} ids, "
-                          f"the manifest says {entry.get('rows')}; {_REBUILD}")
+                          f"the manifest says {entry.rows}; {_REBUILD}")
     return ids

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from lshdist.errors import FormatError
 from lshdist.index.payload import DensePayload
 from lshdist.index.subspace import Group, Round
 from lshdist.store.bounded import open_store
+from lshdist.store.manifest import GroupEntry, SubspaceManifest, as_group_entry, manifest_from_json
 from lshdist.store.model import array_checksum, zarr_array
 from lshdist.store.objects import ObjectPath, as_path
 
@@ -73,7 +75,7 @@ def _checksum(arrays: dict[str, np.ndarray]) -> str:
 
 
 def write_group(index_dir: str | os.PathLike[str], name: str, number: int, group: Group,
-                ids: np.ndarray, Z: np.ndarray) -> dict[str, Any]:
+                ids: np.ndarray, Z: np.ndarray) -> GroupEntry:
     """Write group ``number`` (members' ``ids`` ascending, their re-rank rows ``Z``) as
     segment ``name``; returns its manifest entry."""
     from lshdist.store.index import segment_path, segment_zarr_arrays
@@ -83,13 +85,23 @@ def write_group(index_dir: str | os.PathLike[str], name: str, number: int, group
               "payload/Z": np.asarray(Z, np.float32)}
     segment_zarr_arrays(segment_path(index_dir, name), arrays,
                         {"method": METHOD, "version": SUBSPACE_VERSION, "group": number})
-    return {"name": name, "rows": len(ids), "group": number, "final": bool(group.final),
-            "checksum": _checksum(arrays)}
+    return GroupEntry(name=name, rows=len(ids), group=number, final=bool(group.final),
+                      checksum=_checksum(arrays))
 
 
-def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
-               manifest: dict[str, Any]) -> GroupSegment:
-    """Load and verify one group segment named by a (checked) manifest entry.
+def _typed(manifest: SubspaceManifest | Mapping[str, Any]) -> SubspaceManifest:
+    if isinstance(manifest, SubspaceManifest):
+        return manifest
+    typed = manifest_from_json(manifest)
+    if not isinstance(typed, SubspaceManifest):
+        raise FormatError("the manifest is not a subspace index's")
+    return typed
+
+
+def read_group(index_dir: str | os.PathLike[str], entry: GroupEntry | Mapping[str, Any],
+               manifest: SubspaceManifest | Mapping[str, Any]) -> GroupSegment:
+    """Load and verify one group segment named by a (checked) manifest entry (``entry`` and
+    ``manifest`` typed, or as JSON: `lshdist.store.index.read_manifest`'s).
 
     Raises
     ------
@@ -98,9 +110,10 @@ def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     """
     from lshdist.store.index import segment_path
 
-    name = entry["name"]
+    entry, manifest = as_group_entry(entry), _typed(manifest)
+    name = entry.name
     path = segment_path(index_dir, name)
-    where = f"segment {name!r} (group {entry['group']}) of index {str(index_dir)!r}"
+    where = f"segment {name!r} (group {entry.group}) of index {str(index_dir)!r}"
     fix = f"{_REBUILD} or restore the segment"
     if not path.is_dir():
         raise FormatError(f"{where} is missing ({str(path)!r}); {fix}")
@@ -110,12 +123,12 @@ def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} is unreadable ({type(exc).__name__}: {exc}); {fix}") from None
     digest = _checksum(arrays)
-    if digest != entry["checksum"]:
+    if digest != entry.checksum:
         raise FormatError(f"{where} does not match its checksum (expected "
-                          f"{entry['checksum'][:12]}..., its arrays give {digest[:12]}...): a "
+                          f"{entry.checksum[:12]}..., its arrays give {digest[:12]}...): a "
                           f"chunk is damaged or missing; {fix}")
-    rec = manifest["subspace"]
-    n, d, k, r = entry["rows"], manifest["d"], rec["rank"], rec["bits"]
+    rec = manifest.subspace
+    n, d, k, r = entry.rows, manifest.d, rec.rank, rec.bits
     want = {"ids": (np.int64, (n,)), "codes": (np.uint64, (n, (r + 63) // 64)),
             "coords": (np.float32, (n, k)), "basis": (np.float64, (d, k)),
             "mean": (np.float64, (k,)), "R": (np.float64, (r, k)),
@@ -133,8 +146,8 @@ def read_group(index_dir: str | os.PathLike[str], entry: dict[str, Any],
             raise FormatError(f"{where}: {key} holds NaN or infinite values; {fix}")
     group = Group(rows=np.arange(n, dtype=np.int64), basis=arrays["basis"],
                   mean=arrays["mean"], coords=arrays["coords"], codes=arrays["codes"],
-                  R=arrays["R"], final=entry["final"])
-    return GroupSegment(entry["group"], group, ids, DensePayload(arrays["payload/Z"]))
+                  R=arrays["R"], final=entry.final)
+    return GroupSegment(entry.group, group, ids, DensePayload(arrays["payload/Z"]))
 
 
 def write_subspaces(index_dir: str | os.PathLike[str], bases: np.ndarray,
@@ -148,7 +161,7 @@ def write_subspaces(index_dir: str | os.PathLike[str], bases: np.ndarray,
     return _checksum(arrays)
 
 
-def read_subspaces(index_dir: str | os.PathLike[str], manifest: dict[str, Any]
+def read_subspaces(index_dir: str | os.PathLike[str], manifest: SubspaceManifest
                    ) -> tuple[np.ndarray, np.ndarray]:
     """The verified router of a subspace index: ``bases`` float64 (G, d, k), ``center`` (d,).
 
@@ -165,11 +178,11 @@ def read_subspaces(index_dir: str | os.PathLike[str], manifest: dict[str, Any]
     except Exception as exc:  # zarr raises many types for missing or broken chunks
         raise FormatError(f"{where} are unreadable ({type(exc).__name__}: {exc}); "
                           f"{_REBUILD}") from None
-    rec = manifest["subspace"]
-    if _checksum(arrays) != rec["subspaces_checksum"]:
+    rec = manifest.subspace
+    if _checksum(arrays) != rec.subspaces_checksum:
         raise FormatError(f"{where} do not match their checksum: a chunk is damaged or "
                           f"missing; {_REBUILD}")
-    G, d, k = len(manifest["segments"]), manifest["d"], rec["rank"]
+    G, d, k = len(manifest.segments), manifest.d, rec.rank
     bases, center = arrays["bases"], arrays["center"]
     if (bases.dtype != np.float64 or bases.shape != (G, d, k) or center.dtype != np.float64
             or center.shape != (d,) or not np.all(np.isfinite(bases))

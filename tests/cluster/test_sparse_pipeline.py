@@ -46,7 +46,7 @@ def test_sparse_implicit_pipeline_equals_one_process_per_segment(tmp_path):
                         out=str(tmp_path / "idx"), cfg=cfg)
         query_index(client, index=str(tmp_path / "idx"), queries=str(tmp_path / "q"),
                     out=str(tmp_path / "res"), cfg=QueryConfig(k=5, mode="hash"))
-    assert [e["rows"] for e in m["segments"]] == [400, 400, 100]  # the last one partial
+    assert [e.rows for e in m.segments] == [400, 400, 100]  # the last one partial
     qids, nb, dist, _ = read_results(tmp_path / "res", np.arange(60) * 3 + 1)
     assert qids.tolist() == (np.arange(60) * 3 + 1).tolist()
     parts = []

@@ -70,7 +70,7 @@ def _cfg(**kw):
 def _build_and_query(client, root, model, out, k=10, **qkw):
     plan = plan_subspace_build(data=str(root / "data"), model=str(root / model),
                                out=str(out / "idx"), cfg=_cfg())
-    manifest = run_subspace_build(client, plan)
+    manifest = run_subspace_build(client, plan).to_json()
     q = plan_subspace_query(index=str(out / "idx"), queries=str(root / "queries"),
                             out=str(out / "res"), cfg=QueryConfig(k=k, query_chunk=70, **qkw))
     run_subspace_query(client, q)

@@ -58,7 +58,8 @@ def base_manifest() -> dict:
 def index(tmp_path) -> Path:
     root = tmp_path / "idx"
     (root / "segments").mkdir(parents=True)
-    entries = [write_segment(root, new_segment_name(), fitted(120 + s, s)) for s in range(2)]
+    entries = [write_segment(root, new_segment_name(), fitted(120 + s, s)).to_json()
+               for s in range(2)]
     write_manifest(root, {**base_manifest(), "segments": entries,
                           "rows": sum(e["rows"] for e in entries)})
     return root
