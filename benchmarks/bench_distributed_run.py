@@ -296,7 +296,7 @@ def main():
             plan = plan_build(data=str(train.path), model=str(model), out=str(index),
                               cfg=run_index_config(cfg, test), overwrite=index.exists())
             held: list = []  # as `lshdist run`: the built segments stay in worker memory
-            manifest = run_build(client, plan, stall=stall, hold=held)
+            manifest = run_build(client, plan, stall=stall, hold=held).to_json()
             tb = time.perf_counter() - t0
             qp = plan_query(index=str(index), queries=str(test.path), out=str(results),
                             cfg=cfg.query, overwrite=results.exists())

@@ -195,7 +195,7 @@ def main() -> None:
         with get_task_stream(client) as ts:
             plan = plan_build(data=str(ds.path), model=str(model), out=str(index), cfg=cfg_i,
                               overwrite=index.exists())
-            manifest = run_build(client, plan, hold=held)
+            manifest = run_build(client, plan, hold=held).to_json()
         wall_b = time.perf_counter() - t0
         kinds_b = per_kind(ts.data)
         cal = manifest.get("calibration") or {}
