@@ -80,21 +80,26 @@ def check_not_input(path: str | os.PathLike[str],
 
 def check_output(path: str | os.PathLike[str] | ObjectPath, overwrite: bool, *,
                  kind: str | None = None,
-                 inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
+                 inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path | ObjectPath:
     """Refuse an existing output unless ``overwrite``, and even then unless it is an lshdist
     artefact of kind ``kind`` (any lshdist kind when None); refuse an output that is an input.
     An object-store output is checked the same way, after its bucket (`check_bucket`: it
     exists, the credentials reach it)."""
     if is_url(path):
-        return _check_object_output(ObjectPath(str(path)), overwrite, kind, inputs)  # type: ignore[return-value]
-    p = local_path(path)
+        p: Path | ObjectPath = ObjectPath(str(path))
+        check_bucket(str(p))
+    else:
+        p = local_path(path)
     check_not_input(p, inputs)
-    if not p.exists() and not p.is_symlink():
+    if isinstance(p, Path) and not p.exists() and not p.is_symlink():
+        return p
+    if isinstance(p, ObjectPath) and not p.exists():
         return p
     if not overwrite:
         raise OutputExistsError(
             f"output {str(p)!r} already exists; choose another path or pass --overwrite")
-    found = artefact_kind(p) if p.is_dir() and not p.is_symlink() else None
+    local = isinstance(p, Path)
+    found = artefact_kind(p) if not local or (p.is_dir() and not p.is_symlink()) else None
     if found is None or (kind is not None and found != kind):
         what = (f"an lshdist {found.removeprefix('lshdist-')}" if found
                 else "not an lshdist artefact")
@@ -102,46 +107,20 @@ def check_output(path: str | os.PathLike[str] | ObjectPath, overwrite: bool, *,
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it is {what}, and this job writes {want}; "
             "remove it yourself or choose another path")
-    try:
-        here: Path | None = Path.cwd()
-    except OSError:  # the current directory was removed: nothing to protect
-        here = None
-    if here is not None and (here == p.resolve() or p.resolve() in here.parents):
-        raise OutputExistsError(
-            f"refusing to overwrite {str(p)!r}: it is (or holds) the current directory; run "
-            "the job from another directory or choose another path")
+    if isinstance(p, Path):
+        try:
+            here: Path | None = Path.cwd()
+        except OSError:  # the current directory was removed: nothing to protect
+            here = None
+        if here is not None and (here == p.resolve() or p.resolve() in here.parents):
+            raise OutputExistsError(
+                f"refusing to overwrite {str(p)!r}: it is (or holds) the current directory; "
+                "run the job from another directory or choose another path")
     foreign = foreign_files(p, found)
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise OutputExistsError(
             f"refusing to overwrite {str(p)!r}: it holds {foreign[0]!r}{more}, which lshdist "
-            "did not write; move what you keep there elsewhere (or remove it yourself), then "
-            "run the job again")
-    return p
-
-
-def _check_object_output(p: ObjectPath, overwrite: bool, kind: str | None,
-                         inputs: Iterable[str | os.PathLike[str] | None]) -> ObjectPath:
-    check_bucket(p.url)
-    check_not_input(p, inputs)
-    if not p.exists():
-        return p
-    if not overwrite:
-        raise OutputExistsError(
-            f"output {p.url!r} already exists; choose another path or pass --overwrite")
-    found = artefact_kind(p)
-    if found is None or (kind is not None and found != kind):
-        what = (f"an lshdist {found.removeprefix('lshdist-')}" if found
-                else "not an lshdist artefact")
-        want = f"an lshdist {kind.removeprefix('lshdist-')}" if kind else "an lshdist artefact"
-        raise OutputExistsError(
-            f"refusing to overwrite {p.url!r}: it is {what}, and this job writes {want}; "
-            "remove it yourself or choose another path")
-    foreign = foreign_files(p, found)
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise OutputExistsError(
-            f"refusing to overwrite {p.url!r}: it holds {foreign[0]!r}{more}, which lshdist "
             "did not write; move what you keep there elsewhere (or remove it yourself), then "
             "run the job again")
     return p
@@ -284,7 +263,8 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
         with _object_dir(ObjectPath(str(path)), overwrite, kind, inputs) as written:
             yield written  # type: ignore[misc]
         return
-    path = check_output(path, overwrite, kind=kind, inputs=inputs)
+    check_output(path, overwrite, kind=kind, inputs=inputs)
+    path = local_path(path)
     remove_stale_temps(path)  # what a killed earlier run of this job left beside it
     tmp = _aside(path, "tmp")
     try:

@@ -38,6 +38,17 @@ def _chunk_limit(meta: Any) -> int | None:
     return raw + raw // 8 + _CODEC_SLACK
 
 
+def _array_of(key: str) -> str | None:
+    """The array a store key belongs to, for its read limit: ``"zarr.json"`` for a metadata
+    key, the array's path (``""`` for a root array) for a chunk key, None for anything else."""
+    if key == "zarr.json" or key.endswith("/zarr.json"):
+        return "zarr.json"
+    if key.startswith("c/"):
+        return ""
+    array, sep, _ = key.rpartition("/c/")
+    return array if sep else None
+
+
 class BoundedStore(LocalStore):
     """A read-only local Zarr store whose reads are bounded: metadata at `MAX_JSON_BYTES`, a
     chunk at what its array's metadata says one holds (`_chunk_limit`); special files and
@@ -52,14 +63,9 @@ class BoundedStore(LocalStore):
         return BoundedStore(self.root)
 
     def _limit(self, key: str) -> int | None:
-        if key == "zarr.json" or key.endswith("/zarr.json"):
-            return MAX_JSON_BYTES
-        if key.startswith("c/"):
-            array = ""
-        else:
-            array, sep, _ = key.rpartition("/c/")
-            if not sep:
-                return None
+        array = _array_of(key)
+        if array is None or array == "zarr.json":
+            return MAX_JSON_BYTES if array else None
         if array not in self._limits:
             try:
                 meta = json.loads(read_bounded(self.root / array / "zarr.json", MAX_JSON_BYTES,
@@ -128,14 +134,9 @@ class BoundedObjectStore(FsspecStore):
         return value
 
     async def _limit(self, key: str) -> int | None:
-        if key == "zarr.json" or key.endswith("/zarr.json"):
-            return MAX_JSON_BYTES
-        if key.startswith("c/"):
-            array = ""
-        else:
-            array, sep, _ = key.rpartition("/c/")
-            if not sep:
-                return None
+        array = _array_of(key)
+        if array is None or array == "zarr.json":
+            return MAX_JSON_BYTES if array else None
         if array not in self._limits:
             meta_key = f"{array}/zarr.json" if array else "zarr.json"
             raw = await self._ranged(meta_key, default_buffer_prototype(), MAX_JSON_BYTES)
