@@ -278,7 +278,9 @@ def main():
         return {"build s": s["index"], "query s": s["query-search"],
                 "total s": s["index"] + s["query-search"], "recall@10": rec(nb),
                 "wall s": wall, "query-scan s": s.get("query-scan"),
-                "setting": f"{rep['search'].get('mode')} {op}"}
+                "setting": (f"{rep['search'].get('mode')}, M={op.get('permutations')}, "
+                            f"W={op.get('window')}, H={op.get('hamming_keep')}" if op
+                            else str(rep["search"].get("mode")))}
 
     index, results = WORK / "index", WORK / "results"
 
@@ -296,7 +298,8 @@ def main():
             plan = plan_build(data=str(train.path), model=str(model), out=str(index),
                               cfg=run_index_config(cfg, test), overwrite=index.exists())
             held: list = []  # as `lshdist run`: the built segments stay in worker memory
-            manifest = run_build(client, plan, stall=stall, hold=held).to_json()
+            built = run_build(client, plan, stall=stall, hold=held)
+            manifest = built.to_json() if hasattr(built, "to_json") else built
             tb = time.perf_counter() - t0
             qp = plan_query(index=str(index), queries=str(test.path), out=str(results),
                             cfg=cfg.query, overwrite=results.exists())

@@ -128,7 +128,7 @@ def replay_segment(data: str, model: str, rows: int, lists_kept: int, seed: int 
             if tmp.exists():
                 shutil.rmtree(tmp)
             (tmp / "segments").mkdir(parents=True)
-            write_segment(str(tmp), "seg-replay", kept)
+            write_segment(str(tmp), "seg-" + "0" * 16, kept)
         t["write + checksums"], _ = med(write)
         disk = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
         shutil.rmtree(tmp)
@@ -195,7 +195,8 @@ def main() -> None:
         with get_task_stream(client) as ts:
             plan = plan_build(data=str(ds.path), model=str(model), out=str(index), cfg=cfg_i,
                               overwrite=index.exists())
-            manifest = run_build(client, plan, hold=held).to_json()
+            built = run_build(client, plan, hold=held)
+            manifest = built.to_json() if hasattr(built, "to_json") else built
         wall_b = time.perf_counter() - t0
         kinds_b = per_kind(ts.data)
         cal = manifest.get("calibration") or {}
