@@ -130,7 +130,9 @@ def test_the_calibration_front_is_the_cheapest_recall(letter_tradeoff):
         assert not any(p.cost(cal.width) < c and p.recall > f.recall
                        for f, c in zip(front, cost))
     mwh = [(p.permutations, p.window, p.hamming_keep) for p in front]
-    c = cal.chosen
+    # the point the hashed search runs at: the chosen one, or the one timed against the scan
+    # where the scan won (a timing: on a loaded machine Letter's 16-d scan can win)
+    c = cal.reference
     assert c is not None and (c.permutations, c.window, c.hamming_keep) in mwh
 
 
