@@ -36,11 +36,15 @@ Systems, each run once per round (1 warm-up round, then ``BENCH_ROUNDS``, order 
 * hnswlib (M=16, ef_construction=200) on ``Gx``: ef swept on one build; the first ef reaching
   0.9 runs build + query in every round (``BENCH_HNSW=0``: left out of the rounds).
 
+``BENCH_RUN_PLOTS=0``: the config copy that ``lshdist run`` gets says ``plots: false`` (its
+trade-off plots index the data in one process at 5 key lengths x 2 metrics: 2-4 minutes at
+60,000 rows on a loaded machine, outside the totals but inside each round's wall time).
+
 Recall@10 of every system against the flat ground truth; the ratio peer total / lshdist total
 per round, median [min–max].
 
     cd /work/main && .venv/bin/python benchmarks/bench_distributed_run.py
-    cd /work/main && BENCH_DATA=shifted BENCH_NAME=distributed_run_shifted \\
+    cd /work/main && BENCH_DATA=shifted BENCH_HNSW=0 BENCH_RUN_PLOTS=0 BENCH_IVF_CANDIDATES=1 \\
         .venv/bin/python benchmarks/bench_distributed_run.py
 """
 
@@ -74,6 +78,7 @@ IVF_CANDIDATES = int(os.environ.get("BENCH_IVF_CANDIDATES", "2"))
 HNSW_M, HNSW_EFC = 16, 200
 HNSW_EFS = [10, 12, 16, 20, 24, 32, 48, 64]
 WITH_HNSW = os.environ.get("BENCH_HNSW", "1") != "0"
+RUN_PLOTS = os.environ.get("BENCH_RUN_PLOTS", "1") != "0"
 
 
 def link_shifted(work: Path) -> None:
@@ -91,6 +96,9 @@ def cli_config(cfg_path: Path, work: Path) -> Path:
     """A copy of the config with the bench's work directory (same datasets, same model)."""
     text = cfg_path.read_text().splitlines()
     out = [f"workdir: {work}" if ln.startswith("workdir:") else ln for ln in text]
+    if not RUN_PLOTS:  # the trade-off plots: minutes of one-process indexes, outside the totals
+        out = [ln.replace("plots: true", "plots: false") if ln.startswith("evaluate:") else ln
+               for ln in out]
     p = work.parent / f"{work.name}.yaml"
     p.write_text("\n".join(out) + "\n")
     return p
@@ -385,7 +393,8 @@ def main():
         "lshdist run: the CLI in a subprocess on a copy of the config pointing at the same "
         "workdir (datasets and model reused); total = index + query-search seconds of its "
         "report.json; its cluster start-up, exact-scan query, evaluation and plots are only "
-        "in its wall time.",
+        "in its wall time; its trade-off plots "
+        + ("on (the config's evaluate section)." if RUN_PLOTS else "off (BENCH_RUN_PLOTS=0)."),
         f"Peers on Gx = ExplicitMetric.transform of the saved model, computed once "
         f"({t_tx:.2f} s, not in their totals); ground truth: FAISS flat on Gx, once.",
         f"IVFFlat: nlist = int(f sqrt N), f in {IVF_FACTORS}, trained on 40 nlist rows of a "
