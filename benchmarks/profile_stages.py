@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,12 +47,8 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 
 
 def med(fn, repeats: int = REPEATS):
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    """``(median seconds, last result)`` of ``repeats`` calls, no warm-up (`common.timed`)."""
+    return common.timed(fn, repeats, warmup=0)
 
 
 def machine_floors(work: Path) -> dict:
