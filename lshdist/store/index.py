@@ -825,20 +825,19 @@ ORPHAN_AGE = 6 * 3600.0
 
 
 def _object_orphans(root: ObjectPath, min_age: float | None = None) -> list[ObjectPath]:
-    """The segments under ``root/segments`` that its manifest does not name and that are older
-    than ``min_age`` seconds (`ORPHAN_AGE`)."""
-    import datetime
-
+    """The segments under ``root/segments`` that its manifest does not name and whose newest
+    object is older than ``min_age`` seconds (`ORPHAN_AGE`); one whose age the store does not
+    say is kept (it could be a running append's)."""
     age = ORPHAN_AGE if min_age is None else min_age
     named = set(read_index_manifest(root).segment_names)
-    now = datetime.datetime.now(datetime.UTC)
     out = []
     for p in (root / SEGMENTS).iterdir():
         if p.name in named:
             continue
-        stamps = [root.fs.info(f"{p.key}/{f}").get("LastModified") for f in p.files()[:1]]
-        when = stamps[0] if stamps else None
-        if when is None or (now - when).total_seconds() >= age:
+        written = p.age()
+        if written is None:
+            log.warning("gc: %s does not say when segment %s was written; kept", root, p.name)
+        elif written >= age:
             out.append(p)
     return out
 

@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,28 @@ def store_errors(url: str) -> Iterator[None]:
         raise InputError(_describe(exc, url)) from None
 
 
+def _written(info: dict[str, Any]) -> float | None:
+    """When an object was written (POSIX seconds), from what its back end's ``info`` says: S3
+    ``LastModified``, GCS ``updated``, Azure ``last_modified``, local/memory ``mtime`` or
+    ``created``."""
+    import datetime
+
+    for key in ("LastModified", "updated", "last_modified", "mtime", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
 class ObjectPath:
     """An object-store URL, used like a `pathlib.Path` by the store modules."""
 
@@ -305,6 +328,17 @@ class ObjectPath:
                 return None
         tag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("created")
         return None if tag is None else str(tag)
+
+    def age(self) -> float | None:
+        """Seconds since the newest object under this prefix was written; None when the store
+        does not say (or holds nothing there)."""
+        with store_errors(self.url):
+            try:
+                found = self.fs.find(self.key, detail=True)
+            except FileNotFoundError:
+                return None
+        stamps = [t for t in (_written(i) for i in found.values()) if t is not None]
+        return time.time() - max(stamps) if stamps else None
 
     def iterdir(self) -> Iterator[ObjectPath]:
         with store_errors(self.url):
@@ -526,7 +560,10 @@ def check_bucket(url: str) -> None:
     bucket = p.url.partition("://")[0] + "://" + p.bucket
     with store_errors(bucket):
         try:
-            p.fs.ls(p.bucket, detail=False)
+            if p.protocol == "s3":  # one HEAD, whatever the bucket holds
+                p.fs.call_s3("head_bucket", Bucket=p.bucket)
+            else:
+                p.fs.ls(p.bucket, detail=False)
         except FileNotFoundError:
             raise InputError(f"{url!r}: the bucket {p.bucket!r} does not exist; create it "
                              "first or fix the URL") from None

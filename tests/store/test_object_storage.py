@@ -234,3 +234,20 @@ def test_a_chunk_object_replaced_by_a_huge_one_is_refused_unread(bucket):
     np.testing.assert_array_equal(ds.read_shard(0), X[:200])
     with pytest.raises(FormatError, match=r"X/c/1/0' holds more than the [\d,]+ bytes it may"):
         ds.read_shard(1)
+
+
+def test_an_objects_age_is_read_from_what_each_back_end_says():
+    import datetime
+
+    from lshdist.store.objects import _written
+
+    t = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc).timestamp()
+    utc = datetime.timezone.utc
+    assert _written({"LastModified": datetime.datetime.fromtimestamp(t, utc)}) == t
+    assert _written({"updated": "2026-01-02T03:04:05Z"}) == t  # GCS
+    assert _written({"last_modified": "2026-01-02T03:04:05+00:00"}) == t  # Azure
+    assert _written({"mtime": t}) == t and _written({"size": 3}) is None
+    p = ObjectPath("memory://lshdist-test/aged/x")
+    p.write_bytes(b"1")
+    assert 0 <= p.parent.age() < 60
+    assert ObjectPath("memory://lshdist-test/none").age() is None
