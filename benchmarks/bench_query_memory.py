@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from lshdist.cluster.pipeline import chunk_rows, query_chunks
+from lshdist.cluster.driver import chunk_rows, query_chunks
 from lshdist.config import QueryConfig
 from lshdist.datasets import load_fashion_mnist
 from lshdist.metric.learned import ExplicitMetric

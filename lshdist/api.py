@@ -585,28 +585,14 @@ def build_index(data: PathLike, model: PathLike, out: PathLike, *, client: Any =
     assert isinstance(cfg, IndexConfig) and isinstance(cluster, ClusterConfig)
     _check_client(client, cluster, "build_index()")
     stall = cluster.stall_timeout
-    args = dict(data=str(data), model=str(model), out=str(out), cfg=cfg, overwrite=overwrite)
-    if cfg.family is not None:
-        if append or batch:
-            raise InputError("build_index(): append/batch are not supported for hyperplane "
-                             "indexes (family=); build the index again with overwrite=True")
-        from lshdist.cluster.hyperplane import plan_hyperplane_build, run_hyperplane_build
+    from lshdist.cluster import driver, kinds
 
-        hplan = plan_hyperplane_build(**args)  # type: ignore[arg-type]
-        return _on_cluster(client, cluster,
-                           lambda c: run_hyperplane_build(c, hplan, stall=stall).to_json())
-    if cfg.method == "subspace":
-        from lshdist.cluster.subspace import plan_subspace_build, run_subspace_build
-
-        splan = plan_subspace_build(**args, append=append, batch=batch)  # type: ignore[arg-type]
-        return _on_cluster(client, cluster,
-                           lambda c: run_subspace_build(c, splan, stall=stall).to_json())
-    from lshdist.cluster.pipeline import plan_build, run_build
-
-    plan = plan_build(**args, append=append, batch=batch)  # type: ignore[arg-type]
+    kind = kinds.for_build(cfg)
+    plan = kind.plan_build(data=str(data), model=str(model), out=str(out), cfg=cfg,
+                           overwrite=overwrite, append=append, batch=batch)
     if not plan.skipped:  # (checked again under the index lock)
-        manifest = _on_cluster(client, cluster,
-                               lambda c: run_build(c, plan, stall=stall).to_json())
+        manifest = _on_cluster(client, cluster, lambda c: driver.build(
+            c, kind, plan, stall=stall, hold=None).to_json())
     else:
         manifest = plan.manifest.to_json()
     return {**manifest, "skipped": plan.skipped} if plan.skipped else manifest
@@ -644,26 +630,17 @@ def query_index(index: PathLike, queries: PathLike, out: PathLike, *,
         ``queries``, ``segments``, ``out``, ``mode`` (how the queries were answered), the
         ``operating_point`` and, where measured, ``measured_recall``.
     """
-    from lshdist.store.index import SubspaceManifest, read_index_manifest
-
     qcfg, cluster = _split_options({**options, "k": k}, "query_index()", QueryConfig,
                                    ClusterConfig)
     assert isinstance(qcfg, QueryConfig) and isinstance(cluster, ClusterConfig)
     _check_client(client, cluster, "query_index()")
     stall = cluster.stall_timeout
-    args = dict(index=str(index), queries=str(queries), out=str(out), cfg=qcfg,
-                overwrite=overwrite)
-    if isinstance(read_index_manifest(str(index)), SubspaceManifest):
-        from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
+    from lshdist.cluster import driver, kinds
 
-        splan = plan_subspace_query(**args)  # type: ignore[arg-type]
-        return _on_cluster(client, cluster,
-                           lambda c: run_subspace_query(c, splan, stall=stall))
-    from lshdist.cluster.pipeline import plan_query, run_query
-
-    plan = plan_query(**args)  # type: ignore[arg-type]
-    return _on_cluster(client, cluster,
-                       lambda c: run_query(c, plan, stall=stall))
+    kind = kinds.for_index(str(index))
+    plan = kind.plan_query(index=str(index), source=str(queries), out=str(out), cfg=qcfg,
+                           overwrite=overwrite)
+    return _on_cluster(client, cluster, lambda c: driver.query(c, kind, plan, stall=stall))
 
 
 def read_results(path: PathLike) -> Any:

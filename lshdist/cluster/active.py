@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lshdist.cluster.pipeline import spread
+from lshdist.cluster.driver import spread
 from lshdist.errors import InputError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
 from lshdist.index.hyperplane import (

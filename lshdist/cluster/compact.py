@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import COMMIT_RETRIES, _progress
+from lshdist.cluster.driver import COMMIT_RETRIES
+from lshdist.cluster.driver import progress as _progress
 from lshdist.config import ClusterConfig
 from lshdist.errors import InputError
 from lshdist.store.index import (

@@ -22,20 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import (
-    BuildPlan,
-    _check_worker_memory,
-    _progress,
-    _remove_segments,
-    _with_segments,
-    chunk_rows,
-    index_model_meta,
-    load_segments,
-    plan_build,
-    query_chunks,
-)
-from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
+from lshdist.cluster import driver, tasks
+from lshdist.cluster.answers import Partial
+from lshdist.cluster.checks import index_model_meta
+from lshdist.cluster.pipeline import BuildPlan, _with_segments, plan_build
+from lshdist.config import IndexConfig, QueryConfig
 from lshdist.errors import InputError
 from lshdist.hashing.hyperplane import HyperplaneFamily, hyperplane_family
 from lshdist.index.calibrate import Calibration, Point
@@ -50,19 +41,16 @@ from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_top
 from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
 from lshdist.index.searcher import permutation_seed
 from lshdist.limits import MAX_PERMUTATIONS
-from lshdist.store.atomic import atomic_dir, check_output, os_error
+from lshdist.store.atomic import check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     EH_HASH_VERSION,
-    FORMAT,
-    index_lock,
     new_segment_name,
     read_index_manifest,
-    write_manifest,
+    remove_unnamed,
 )
-from lshdist.store.manifest import HashFamily, HyperplaneManifest
+from lshdist.store.manifest import HashFamily, HyperplaneManifest, IndexManifest
 from lshdist.store.objects import ObjectPath, as_path
-from lshdist.store.results import write_results
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +107,15 @@ def encode_rows(source: str | np.ndarray, rows: np.ndarray, ids: np.ndarray | No
 
 
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: tasks.Encoded, k: int,
-                   mode: str, op: tuple[int, int, int] | None, candidates: int = 500,
-                   paired: bool = True) -> tasks.Partial:
+                   mode: str, op: tuple[int, int, int] | None, paired: bool = True,
+                   candidates: int = 500) -> Partial:
     """Partial top-k of one chunk of normals against one segment at ``op`` = (M, W, H)
     (M = 0: the segment's own lists), or by mode "rank" (``candidates`` rows, ``paired``:
     H-Hash keys); a packed segment's parts are searched as the segments they were and merged
     by (margin, id)."""
     if isinstance(segment, PackedSegment):
         share = candidate_shares(candidates, [len(p) for p in segment.parts])
-        each = [search_segment(p, encoded, k, mode, op, c, paired)
+        each = [search_segment(p, encoded, k, mode, op, paired, c)
                 for p, c in zip(segment.parts, share)]
         dist, ids = merge_topk([e[0] for e in each], [e[1] for e in each], k)
         return dist, ids, np.sum([e[2] for e in each], axis=0)
@@ -167,54 +155,44 @@ def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
     return plan
 
 
-def run_hyperplane_build(client: Any, plan: BuildPlan, *,
-                         stall: float = ClusterConfig.stall_timeout) -> HyperplaneManifest:
-    """Run a planned hyperplane build on ``client``; returns the manifest (written aside and
-    renamed into place when complete, under the index lock)."""
+def _build(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, run: driver.Run
+           ) -> driver.Built:
+    """Fit and write every segment (no calibration); the manifest records that the queries
+    run at the M, W, H given."""
     m = plan.manifest
     if not isinstance(m, HyperplaneManifest):
         raise InputError("not a hyperplane index build: plan it with plan_hyperplane_build")
-    _check_worker_memory(client, plan.list_bytes)
+    (index_dir / "segments").mkdir(parents=True, exist_ok=True)
+    fam = m.family
+    family_f = driver.share(client, make_family, fam.name, plan.data.d, m.bits, m.seed,
+                            fam.samples)
+    path = str(plan.data.path)
+    names = [new_segment_name() for _ in plan.segments]
+    bounds = plan.data.shard_bounds
+    where = driver.spread([int(bounds[b] - bounds[a]) for a, b in plan.segments],
+                          driver.workers_of(client))
+    fits = [driver.submit_at(client, w, fit_segment, path, shards, family_f, plan.lists,
+                             m.epsilon, m.seed) for shards, w in zip(plan.segments, where)]
+    writes = [client.submit(tasks.write_fitted, fit, str(index_dir), name, MAX_PERMUTATIONS,
+                            path, shards, pure=False, retries=2)
+              for fit, name, shards in zip(fits, names, plan.segments)]
     try:
-        plan.out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, plan.out) from None
-    with index_lock(plan.out, timeout=stall), atomic_dir(
-            plan.out, overwrite=plan.overwrite, kind=FORMAT,
-            inputs=(plan.data.path, plan.model)) as tmp:
-        (tmp / "segments").mkdir(parents=True, exist_ok=True)
-        fam = m.family
-        family_f = client.submit(make_family, fam.name, plan.data.d, m.bits, m.seed,
-                                 fam.samples, pure=False, retries=2)
-        client.replicate([family_f])
-        path = str(plan.data.path)
-        names = [new_segment_name() for _ in plan.segments]
-        fits = [client.submit(fit_segment, path, shards, family_f, plan.lists, m.epsilon,
-                              m.seed, pure=False, retries=2) for shards in plan.segments]
-        writes = [client.submit(tasks.write_fitted, fit, str(tmp), name, MAX_PERMUTATIONS, path,
-                                shards, pure=False, retries=2)
-                  for fit, name, shards in zip(fits, names, plan.segments)]
-        held = [family_f, *fits, *writes]
-        try:
-            for _ in _progress(writes, "index", stall):
-                pass
-            entries = [f.result() for f in writes]
-        except BaseException:
-            client.cancel(held)
-            _remove_segments(tmp, names)
-            raise
-        client.cancel(held)
-        first = entries[0].rows if entries else 0
-        M = m.permutations or (entries[0].permutations if entries else 1)
-        point = Point(permutations=M, window=m.window, hamming_keep=m.hamming_keep,
-                      recall=0.0, reranked=0.0, fraction_searched=0.0)
-        cal = Calibration(k=plan.cfg.k, target=0.0, n_database=first, n_queries=0,
-                          scan_seconds_per_query=0.0, points=(), mode="hash", chosen=point,
-                          reason=f"not calibrated: hyperplane queries ({fam.name}) run at "
-                                 "the M, W, H given; recall not measured")
-        new = _with_segments(dataclasses.replace(m, calibration_json=cal.to_json()), entries)
-        write_manifest(tmp, new)
-    return new
+        entries = driver.wait_all(writes, "index", run.stall)
+    except BaseException:
+        remove_unnamed(index_dir, names)
+        raise
+    finally:
+        client.cancel([family_f, *fits, *writes])
+    first = entries[0].rows if entries else 0
+    M = m.permutations or (entries[0].permutations if entries else 1)
+    point = Point(permutations=M, window=m.window, hamming_keep=m.hamming_keep,
+                  recall=0.0, reranked=0.0, fraction_searched=0.0)
+    cal = Calibration(k=plan.cfg.k, target=0.0, n_database=first, n_queries=0,
+                      scan_seconds_per_query=0.0, points=(), mode="hash", chosen=point,
+                      reason=f"not calibrated: hyperplane queries ({fam.name}) run at "
+                             "the M, W, H given; recall not measured")
+    new = _with_segments(dataclasses.replace(m, calibration_json=cal.to_json()), entries)
+    return driver.Built(names, lambda current: new)
 
 
 # ------------------------------------------------------------------------------------- query
@@ -222,7 +200,7 @@ def run_hyperplane_build(client: Any, plan: BuildPlan, *,
 
 @dataclass
 class HyperplaneQueryPlan:
-    """A checked hyperplane query: everything `run_hyperplane_query` needs."""
+    """A checked hyperplane query: everything `HyperplaneKind` needs to run it."""
 
     index: Path | ObjectPath
     source: str | np.ndarray  # a dataset path, or the normals (Q, d) of a .npy file
@@ -234,6 +212,17 @@ class HyperplaneQueryPlan:
     manifest: HyperplaneManifest
     mode: str
     op: tuple[int, int, int]
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        return (self.index, *((self.source,) if isinstance(self.source, str) else ()))
+
+    @property
+    def bounds(self) -> list[int]:
+        """Chunks of a dataset never straddle its shards (`driver.query_chunks`)."""
+        if isinstance(self.source, np.ndarray):
+            return [0, self.n]
+        return [int(x) for x in Dataset(self.source).shard_bounds]
 
 
 def _load_normals(path: str, d: int) -> np.ndarray:
@@ -293,80 +282,45 @@ def plan_hyperplane_query(*, index: str, hyperplanes: str, out: str,
                                manifest, mode, op)
 
 
-def run_hyperplane_query(client: Any, plan: HyperplaneQueryPlan, *,
-                         stall: float = ClusterConfig.stall_timeout) -> dict[str, Any]:
-    """Run a planned hyperplane query; returns ``{queries, segments, out, mode}``."""
-    cfg, m = plan.cfg, plan.manifest
-    fam = m.family
-    family_f = client.submit(make_family, fam.name, m.d, m.bits, m.seed, fam.samples,
-                             pure=False, retries=2)
-    client.replicate([family_f])
-    segs = load_segments(client, str(plan.index), m)
-    held: list[Any] = [family_f, *segs]
-    # mode rank: the hyperplane's candidates shared by the segments in proportion to rows
-    shares = candidate_shares(cfg.candidates or RANK_CANDIDATES,
-                              [e.rows for e in m.segments])
+def _prepare(client: Any, plan: HyperplaneQueryPlan, loaded: driver.Loaded, run: driver.Run
+             ) -> tuple[HyperplaneQueryPlan, dict[str, Any]]:
+    cfg, fam = plan.cfg, plan.manifest.family
     recall: MeasuredRecall | None = None
-    try:
-        if cfg.check_recall:
-            plan, recall = _checked_hyperplanes(client, plan, segs, family_f, shares, stall)
-        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=(plan.index,),
-                           info={"mode": plan.mode, "hyperplanes": fam.name,
-                                 "measured_recall": None if recall is None
-                                 else recall.to_json(),
-                                 "operating_point": dict(zip(("permutations", "window",
-                                                              "hamming_keep"), plan.op)),
-                                 **({"candidates": cfg.candidates or RANK_CANDIDATES}
-                                    if plan.mode == "rank" else {})}
-                           ) as tmp:
-            writers = []
-            array = isinstance(plan.source, np.ndarray)
-            # a dataset's chunks never straddle its shards (`query_chunks`)
-            bounds = ([0, plan.n] if array else [int(x) for x in
-                                                 Dataset(str(plan.source)).shard_bounds])
-            for c, (a, b) in enumerate(query_chunks(bounds,
-                                                    chunk_rows(cfg.query_chunk, cfg.k))):
-                enc = client.submit(encode_chunk, plan.source[a:b] if array else plan.source,
-                                    a, b, None if plan.ids is None else plan.ids[a:b],
-                                    family_f, pure=False, retries=2)
-                parts = [client.submit(search_segment, s, enc, cfg.k, plan.mode, plan.op, c,
-                                       fam.paired, pure=False, retries=2)
-                         for s, c in zip(segs, shares)]
-                w = client.submit(tasks.merge_and_write, enc, parts, cfg.k, str(tmp), c,
-                                  pure=False, retries=2)
-                writers.append(w)
-                held += [enc, *parts, w]
-            total = sum(int(f.result()) for f in _progress(writers, "query", stall))
-    finally:
-        client.cancel(held)
-    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
-            "measured_recall": None if recall is None else recall.to_json()}
+    if cfg.check_recall:
+        plan, recall = _checked_hyperplanes(client, plan, loaded, run.stall)
+    return plan, {"mode": plan.mode, "hyperplanes": fam.name,
+                  "measured_recall": None if recall is None else recall.to_json(),
+                  "operating_point": dict(zip(("permutations", "window", "hamming_keep"),
+                                              plan.op)),
+                  **({"candidates": cfg.candidates or RANK_CANDIDATES}
+                     if plan.mode == "rank" else {})}
 
 
-def _checked_hyperplanes(client: Any, plan: HyperplaneQueryPlan, segs: list[Any],
-                         family_f: Any, shares: list[int], stall: float
-                         ) -> tuple[HyperplaneQueryPlan, MeasuredRecall]:
+def _chunk(plan: HyperplaneQueryPlan, loaded: driver.Loaded, encode: tuple[Any, ...],
+           mode: str | None = None) -> driver.Chunk:
+    """The tasks of a chunk of normals: ``encode``, then every segment searched with its
+    share of mode rank's candidates (in proportion to its rows)."""
+    shares = candidate_shares(plan.cfg.candidates or RANK_CANDIDATES,
+                              [e.rows for e in plan.manifest.segments])
+    return driver.Chunk(encode, (search_segment, plan.cfg.k, mode or plan.mode, plan.op,
+                                 plan.manifest.family.paired), [(c,) for c in shares])
+
+
+def _checked_hyperplanes(client: Any, plan: HyperplaneQueryPlan, loaded: driver.Loaded,
+                         stall: float) -> tuple[HyperplaneQueryPlan, MeasuredRecall]:
     """The recall check of a hyperplane query (`lshdist.index.recall_check`): a seeded sample
     of the normals answered by the exact scan (every row's margin) and as planned; with
     ``--mode auto`` and ``--target-recall``, a proven miss is answered by the scan (the index
     has no calibration curve to move along)."""
     cfg, m = plan.cfg, plan.manifest
-    k, paired = cfg.k, m.family.paired
+    k = cfg.k
     rows = check_rows(plan.n, m.seed)
     truth: list[np.ndarray] = []
+    encode = (encode_rows, plan.source, rows, plan.ids, loaded.shared["family"])
 
     def answer(mode: str) -> np.ndarray:
-        enc = client.submit(encode_rows, plan.source, rows, plan.ids, family_f, pure=False,
-                            retries=2)
-        parts = [client.submit(search_segment, s, enc, k, mode, plan.op, c, paired,
-                               pure=False, retries=2) for s, c in zip(segs, shares)]
-        w = client.submit(tasks.merged_ids, enc, parts, k, pure=False, retries=2)
-        try:
-            for _ in _progress([w], "recall check", stall):
-                pass
-            return np.asarray(w.result())
-        finally:
-            client.cancel([enc, *parts, w])
+        return driver.sample_answer(client, loaded, k, _chunk(plan, loaded, encode, mode),
+                                    stall)
 
     def measure(point: Any, estimate: float | None) -> MeasuredRecall:
         if not truth:
@@ -382,3 +336,81 @@ def _checked_hyperplanes(client: Any, plan: HyperplaneQueryPlan, segs: list[Any]
         log.warning("hyperplane query: %s", d.reason)
         return dataclasses.replace(plan, mode="scan"), d.recall
     return plan, d.recall
+
+
+# ------------------------------------------------------------------------------ the kind
+
+
+class HyperplaneKind:
+    """The hyperplane index (``--family``) as an index kind of `lshdist.cluster.driver`."""
+
+    name = "hyperplane"
+
+    def chooses(self, cfg: IndexConfig) -> bool:
+        return cfg.family is not None
+
+    def answers(self, manifest: IndexManifest) -> bool:
+        return isinstance(manifest, HyperplaneManifest)
+
+    def plan_build(self, *, data: str, model: str, out: str, cfg: IndexConfig,
+                   append: bool = False, overwrite: bool = False, batch: str | None = None
+                   ) -> BuildPlan:
+        if append or batch:
+            raise InputError("--append/--batch are not supported for hyperplane indexes "
+                             "(--family); build the index again with --overwrite")
+        return plan_hyperplane_build(data=data, model=model, out=out, cfg=cfg,
+                                     overwrite=overwrite)
+
+    def landed(self, plan: BuildPlan, manifest: IndexManifest) -> bool:
+        return False
+
+    def build(self, client: Any, plan: BuildPlan, index_dir: Path | ObjectPath,
+              run: driver.Run) -> driver.Built:
+        return _build(client, plan, index_dir, run)
+
+    def plan_query(self, *, index: str, source: str, out: str, cfg: QueryConfig,
+                   overwrite: bool = False, hyperplanes: bool = False) -> HyperplaneQueryPlan:
+        if not hyperplanes:
+            m = read_index_manifest(index)
+            name = m.family.name if isinstance(m, HyperplaneManifest) else "--family"
+            rank = ("; --mode rank ranks hyperplane keys, of --hyperplanes queries"
+                    if cfg.mode == "rank" else "")
+            raise InputError(f"index {index!r} was built for hyperplane queries ({name}); "
+                             f"query it with --hyperplanes{rank}")
+        return plan_hyperplane_query(index=index, hyperplanes=source, out=out, cfg=cfg,
+                                     overwrite=overwrite)
+
+    def load(self, client: Any, plan: HyperplaneQueryPlan
+             ) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+        m = plan.manifest
+        fam = m.family
+        family_f = driver.share(client, make_family, fam.name, m.d, m.bits, m.seed,
+                                fam.samples)
+        return {"family": family_f}, [(e.rows, (tasks.load_segment, str(plan.index), e, m))
+                                      for e in m.segments]
+
+    def prepare(self, client: Any, plan: HyperplaneQueryPlan, loaded: driver.Loaded,
+                run: driver.Run) -> tuple[HyperplaneQueryPlan, dict[str, Any]]:
+        return _prepare(client, plan, loaded, run)
+
+    def chunk(self, plan: HyperplaneQueryPlan, loaded: driver.Loaded, start: int, stop: int
+              ) -> driver.Chunk:
+        array = isinstance(plan.source, np.ndarray)
+        return _chunk(plan, loaded, (encode_chunk, plan.source[start:stop] if array
+                                     else plan.source, start, stop,
+                                     None if plan.ids is None else plan.ids[start:stop],
+                                     loaded.shared["family"]))
+
+    def describe(self, manifest: IndexManifest) -> str:
+        if not isinstance(manifest, HyperplaneManifest):
+            raise InputError("not a hyperplane index")
+        return (f"{manifest.rows} rows in {len(manifest.segments)} segments "
+                f"({manifest.family.name}, b={manifest.bits}, M={manifest.permutations}, "
+                f"W={manifest.window})")
+
+    def summary(self, result: dict[str, Any]) -> str:
+        return (f"{result['queries']} hyperplanes x {result['segments']} segments -> "
+                f"{result['out']}")
+
+
+HYPERPLANE = HyperplaneKind()

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from lshdist.cluster.pipeline import _progress, check_data_for_model
-from lshdist.config import ClusterConfig, IndexConfig
+from lshdist.cluster import driver
+from lshdist.cluster.checks import check_data_for_model
+from lshdist.config import IndexConfig
 from lshdist.errors import InputError
 from lshdist.index.krylov import block_krylov, subspace_residuals
 from lshdist.index.subspace import (
@@ -41,15 +42,13 @@ from lshdist.index.subspace import (
     make_group,
 )
 from lshdist.metric.learned import ExplicitMetric
-from lshdist.store.atomic import atomic_dir, check_not_input, check_output, os_error
+from lshdist.store.atomic import check_not_input, check_output
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     FORMAT,
     SubspaceManifest,
-    index_lock,
     new_segment_name,
-    read_index_manifest,
-    write_manifest,
+    remove_unnamed,
 )
 from lshdist.store.manifest import GroupEntry, SubspaceRecord
 from lshdist.store.model import read_model_meta
@@ -193,7 +192,7 @@ def masked_median(client: Any, res: Any, mask: Any, n: int) -> float:
 
 @dataclass
 class SubspaceBuildPlan:
-    """A checked subspace index build: everything `run_subspace_build` needs."""
+    """A checked subspace index build: everything `build_groups` needs."""
 
     data: Dataset
     model: Path | ObjectPath
@@ -203,6 +202,16 @@ class SubspaceBuildPlan:
     #: the manifest's head: model, model_checksum, kind, d and seed
     head: dict[str, Any]
     min_group: int
+    append: bool = False  # (refused by `plan_subspace_build`)
+    skipped: bool = False
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        return (self.data.path, self.model)
+
+    @property
+    def memory_bytes(self) -> int:
+        return 0
 
 
 def refuse_sparse(ds: Dataset, meta: dict[str, Any], model: str) -> None:
@@ -321,74 +330,65 @@ def _remaining_rows(client: Any, Zc: Any, remaining: Any, t: int) -> Any:
     return out
 
 
-def run_subspace_build(client: Any, plan: SubspaceBuildPlan, *,
-                       stall: float = ClusterConfig.stall_timeout) -> SubspaceManifest:
-    """Run a planned subspace build on ``client``; returns the manifest (the index is written
-    aside and renamed into place when complete, under the index lock)."""
+def build_groups(client: Any, plan: SubspaceBuildPlan, index_dir: Path | ObjectPath,
+                 run: driver.Run) -> driver.Built:
+    """Partition the rows (`partition`), split every shard's rows by group and write one
+    segment per group and the subspaces into ``index_dir`` (`lshdist.cluster.driver.build`
+    commits the manifest)."""
     from dask.delayed import delayed
 
-    cfg = plan.cfg
-    try:
-        plan.out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, plan.out) from None
+    cfg, stall = plan.cfg, run.stall
     t0 = time.perf_counter()
-    with index_lock(plan.out, timeout=stall), atomic_dir(
-            plan.out, overwrite=plan.overwrite, kind=FORMAT,
-            inputs=(plan.data.path, plan.model)) as tmp:
-        (tmp / "segments").mkdir(parents=True, exist_ok=True)
-        part = partition(client, plan.data, str(plan.model), cfg, plan.min_group)
-        log.info("partition: %d groups in %d rounds, %.1fs", len(part.bases), len(part.rounds),
-                 time.perf_counter() - t0)
-        bounds = np.concatenate([[0], np.cumsum(part.Z.chunks[0])]).astype(int)
-        path = str(plan.data.path)
-        members = client.compute([
-            delayed(shard_members)(zc, z, g, path, int(a), int(b))
-            for zc, z, g, a, b in zip(part.Zc.to_delayed().ravel(), part.Z.to_delayed().ravel(),
-                                      part.group_of.to_delayed().ravel(), bounds[:-1],
-                                      bounds[1:])])
-        held: list[Any] = list(members)
-        try:
-            for _ in _progress(members, "split", stall):
-                pass
-        except BaseException:
-            client.cancel(held)
-            raise
-        # the shards' rows now live in `members` only: release the persisted arrays (the
-        # build would otherwise hold the data four times at once)
-        part.Z = part.Zc = part.group_of = None
-        names = [new_segment_name() for _ in part.bases]
-        writes = []
-        for g, (V, name) in enumerate(zip(part.bases, names)):
-            pieces = [client.submit(group_piece, m, g, pure=False) for m in members]
-            final = part.final and g == len(part.bases) - 1
-            writes.append(client.submit(write_group_task, pieces, g, V, cfg.code_bits,
-                                        cfg.seed, final, str(tmp), name, pure=False,
-                                        retries=2))
-            held += pieces
-        held += writes
-        try:
-            for _ in _progress(writes, "groups", stall):
-                pass
-            entries = [f.result() for f in writes]
-        finally:
-            client.cancel(held)
-        sizes = [e.rows for e in entries]
-        checksum = write_subspaces(tmp, np.stack(part.bases), part.center)
-        record = SubspaceRecord(
-            version=SUBSPACE_VERSION, rank=cfg.rank, bits=cfg.code_bits, eta=cfg.eta,
-            alpha=cfg.alpha, max_rounds=cfg.max_rounds, min_group=plan.min_group,
-            krylov_iters=cfg.krylov_iters, n_probe=cfg.probe, n_candidates=cfg.candidates,
-            # the recall a query calibrates --probe and --candidates for on a sample of its
-            # queries (None: they were fixed here)
-            target_recall=None if {"probe", "candidates"} & cfg.given_ else cfg.target_recall,
-            rounds=tuple(part.rounds), group_sizes=tuple(sizes), subspaces_checksum=checksum)
-        write_manifest(tmp, SubspaceManifest(**plan.head, rows=int(sum(sizes)),
-                                             segments=tuple(entries), subspace=record))
+    (index_dir / "segments").mkdir(parents=True, exist_ok=True)
+    part = partition(client, plan.data, str(plan.model), cfg, plan.min_group)
+    log.info("partition: %d groups in %d rounds, %.1fs", len(part.bases), len(part.rounds),
+             time.perf_counter() - t0)
+    bounds = np.concatenate([[0], np.cumsum(part.Z.chunks[0])]).astype(int)
+    path = str(plan.data.path)
+    members = client.compute([
+        delayed(shard_members)(zc, z, g, path, int(a), int(b))
+        for zc, z, g, a, b in zip(part.Zc.to_delayed().ravel(), part.Z.to_delayed().ravel(),
+                                  part.group_of.to_delayed().ravel(), bounds[:-1],
+                                  bounds[1:])])
+    held: list[Any] = list(members)
+    try:
+        for _ in driver.progress(members, "split", stall):
+            pass
+    except BaseException:
+        client.cancel(held)
+        raise
+    # the shards' rows now live in `members` only: release the persisted arrays (the
+    # build would otherwise hold the data four times at once)
+    part.Z = part.Zc = part.group_of = None
+    names = [new_segment_name() for _ in part.bases]
+    writes = []
+    for g, (V, name) in enumerate(zip(part.bases, names)):
+        pieces = [client.submit(group_piece, m, g, pure=False) for m in members]
+        final = part.final and g == len(part.bases) - 1
+        writes.append(client.submit(write_group_task, pieces, g, V, cfg.code_bits,
+                                    cfg.seed, final, str(index_dir), name, pure=False,
+                                    retries=2))
+        held += pieces
+    held += writes
+    try:
+        entries = driver.wait_all(writes, "groups", stall)
+        checksum = write_subspaces(index_dir, np.stack(part.bases), part.center)
+    except BaseException:
+        remove_unnamed(index_dir, names)
+        raise
+    finally:
+        client.cancel(held)
+    sizes = [e.rows for e in entries]
+    record = SubspaceRecord(
+        version=SUBSPACE_VERSION, rank=cfg.rank, bits=cfg.code_bits, eta=cfg.eta,
+        alpha=cfg.alpha, max_rounds=cfg.max_rounds, min_group=plan.min_group,
+        krylov_iters=cfg.krylov_iters, n_probe=cfg.probe, n_candidates=cfg.candidates,
+        # the recall a query calibrates --probe and --candidates for on a sample of its
+        # queries (None: they were fixed here)
+        target_recall=None if {"probe", "candidates"} & cfg.given_ else cfg.target_recall,
+        rounds=tuple(part.rounds), group_sizes=tuple(sizes), subspaces_checksum=checksum)
+    manifest = SubspaceManifest(**plan.head, rows=int(sum(sizes)), segments=tuple(entries),
+                                subspace=record)
     log.info("subspace index %s: %d rows in %d groups, %.1fs", plan.out, sum(sizes), len(sizes),
              time.perf_counter() - t0)
-    manifest = read_index_manifest(plan.out)
-    if not isinstance(manifest, SubspaceManifest):
-        raise InputError(f"index {str(plan.out)!r} was replaced by another job during the "
-                         "build")
-    return manifest
+    return driver.Built(names, lambda current: manifest)

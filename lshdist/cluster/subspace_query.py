@@ -19,26 +19,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lshdist.cluster import tasks
-from lshdist.cluster.pipeline import (
-    _progress,
-    check_query_inputs,
-    chunk_rows,
-    chunk_tasks,
-    query_chunks,
-    sample_answer,
-    spread,
-    windowed,
+from lshdist.cluster import driver, tasks
+from lshdist.cluster.answers import Partial
+from lshdist.cluster.checks import check_query_inputs
+from lshdist.cluster.subspace import (
+    SubspaceBuildPlan,
+    build_groups,
+    load_metric,
+    plan_subspace_build,
 )
-from lshdist.cluster.subspace import load_metric
-from lshdist.config import ClusterConfig, QueryConfig
+from lshdist.config import IndexConfig, QueryConfig
 from lshdist.errors import InputError
 from lshdist.index.krylov import subspace_residuals
 from lshdist.index.recall_check import MeasuredRecall, check_rows, enforce, measured
@@ -46,9 +42,8 @@ from lshdist.index.subspace import probe_mask, search_group
 from lshdist.metric.learned import ExplicitMetric
 from lshdist.store.dataset import Dataset
 from lshdist.store.index import read_index_manifest
-from lshdist.store.manifest import GroupEntry, SubspaceManifest
+from lshdist.store.manifest import GroupEntry, IndexManifest, SubspaceManifest
 from lshdist.store.objects import ObjectPath, as_path
-from lshdist.store.results import write_results
 from lshdist.store.subspace import METHOD, GroupSegment, read_group, read_subspaces
 
 log = logging.getLogger(__name__)
@@ -96,7 +91,7 @@ def route_rows(queries_path: str, rows: np.ndarray, metric: ExplicitMetric,
 
 
 def search_group_task(segment: GroupSegment, routed: Routed, k: int, n_candidates: int,
-                      mode: str = "hash") -> tasks.Partial:
+                      mode: str = "hash") -> Partial:
     """Partial top-k of one query chunk in one group (queries not routed there: inf / -1);
     ``mode="scan"``: every member of the group, by the exact scan (`scan_topk`)."""
     from lshdist.index.payload import DensePayload
@@ -173,6 +168,14 @@ class SubspaceQueryPlan:
     n_probe: int
     n_candidates: int
 
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        return (self.index, self.queries.path, self.manifest.model)
+
+    @property
+    def bounds(self) -> list[int]:
+        return [int(x) for x in self.queries.shard_bounds]
+
 
 def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
                         overwrite: bool = False) -> SubspaceQueryPlan:
@@ -205,81 +208,39 @@ def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig 
                              probe, cand)
 
 
-def run_subspace_query(client: Any, plan: SubspaceQueryPlan, *,
-                       stall: float = ClusterConfig.stall_timeout,
-                       in_flight: int | None = None) -> dict[str, Any]:
-    """Run a planned query of a subspace index; returns ``{queries, segments, out, mode}``.
-    At most ``in_flight`` query chunks (default two per worker) are in flight."""
-
-    cfg, m, qds = plan.cfg, plan.manifest, plan.queries
-    index = str(plan.index)
-    metric_f = client.submit(load_metric, m.model, pure=False, retries=2)
-    router_f = client.submit(load_router, index, m, pure=False, retries=2)
-    client.replicate([metric_f, router_f])
-    workers = sorted(client.scheduler_info().get("workers", {}))
-    entries = m.segments
-    where = spread([e.rows for e in entries], workers)
-    segs = [client.submit(load_group, index, e, m, pure=False, retries=2,
-                          workers=None if w is None else [w], allow_other_workers=w is not None)
-            for e, w in zip(entries, where)]
-    sizes = np.asarray(m.subspace.group_sizes, np.int64)
-    window = in_flight or 2 * max(1, len(workers))
-    chunks = query_chunks(qds.shard_bounds.tolist(), chunk_rows(cfg.query_chunk, cfg.k))
-    held: dict[Any, list[Any]] = {}
+def _prepare(client: Any, plan: SubspaceQueryPlan, loaded: driver.Loaded, run: driver.Run
+             ) -> tuple[SubspaceQueryPlan, dict[str, Any]]:
+    """``--target-recall``: n_probe and n_candidates calibrated on a sample of the queries (the
+    exact scan where the point re-ranks `SCAN_SHARE` of the rows); then the recall check."""
+    m, stall = plan.manifest, run.stall
     reason = ("the index's own parameters" if plan.mode == "hash"
               else "asked for (--mode scan): every group by the exact scan")
     calibration = None
     recall: MeasuredRecall | None = None
-    try:
-        if plan.cfg.target_recall is not None:
-            plan, calibration = _calibrated(client, plan, metric_f, router_f, segs, sizes,
-                                            stall)
-            reason = calibration["reason"]
-            rows_n = m.rows
-            if (plan.cfg.mode == "auto"
-                    and calibration["chosen"]["reranked"] >= SCAN_SHARE * rows_n):
-                plan = _as_scan(plan)
-                reason = (f"{reason}; it re-ranks {calibration['chosen']['reranked']:.0f} of "
-                          f"the {rows_n} rows per query (>= {SCAN_SHARE:.0%}): the exact scan "
-                          "is no slower")
-        if cfg.check_recall:
-            plan, recall, why = _checked_subspace(client, plan, calibration, metric_f,
-                                                  router_f, segs, where, sizes, stall)
-            reason = why or reason
-    except BaseException:
-        client.cancel([*segs, metric_f, router_f])
-        raise
-    op = {"n_probe": plan.n_probe, "n_candidates": plan.n_candidates}
+    if plan.cfg.target_recall is not None:
+        plan, calibration = _calibrated(client, plan, loaded, stall)
+        reason = calibration["reason"]
+        if plan.cfg.mode == "auto" and calibration["chosen"]["reranked"] >= SCAN_SHARE * m.rows:
+            plan = _as_scan(plan)
+            reason = (f"{reason}; it re-ranks {calibration['chosen']['reranked']:.0f} of "
+                      f"the {m.rows} rows per query (>= {SCAN_SHARE:.0%}): the exact scan "
+                      "is no slower")
+    if plan.cfg.check_recall:
+        plan, recall, why = _checked_subspace(client, plan, calibration, loaded, stall)
+        reason = why or reason
+    return plan, {"mode": plan.mode, "method": METHOD,
+                  "operating_point": {"n_probe": plan.n_probe,
+                                      "n_candidates": plan.n_candidates},
+                  "reason": reason, "calibration": calibration,
+                  "measured_recall": None if recall is None else recall.to_json()}
 
-    def submit(c: int, tmp: str) -> None:
-        a, b = chunks[c]
-        held.update(chunk_tasks(client, c, where, segs, cfg.k,
-                                (route_chunk, str(qds.path), a, b, metric_f, router_f, sizes,
-                                 cfg.k, plan.n_probe),
-                                (search_group_task, cfg.k, plan.n_candidates, plan.mode),
-                                (tasks.merge_and_write, cfg.k, tmp, c)))
 
-    total = 0
-    try:
-        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
-                           inputs=(plan.index, qds.path, m.model),
-                           info={"mode": plan.mode, "method": METHOD, "operating_point": op,
-                                 "reason": reason, "calibration": calibration,
-                                 "measured_recall": None if recall is None
-                                 else recall.to_json()}) as tmp:
-            def done(w: Any) -> None:
-                nonlocal total
-                total += int(w.result())
-
-            windowed(client, held, len(chunks), lambda c: submit(c, str(tmp)), done, window,
-                     stall)
-    finally:
-        for w, rest in held.items():
-            client.cancel([w, *rest])
-        client.cancel([*segs, metric_f, router_f])
-    return {"queries": total, "segments": len(segs), "out": str(plan.out), "mode": plan.mode,
-            "operating_point": op, "calibration": calibration,
-            "measured_recall": None if recall is None else recall.to_json()}
+def _route(plan: SubspaceQueryPlan, loaded: driver.Loaded, fn: Any, rows: Any,
+           n_probe: int) -> tuple[Any, ...]:
+    """The encode task of a chunk (``rows``: ``(start, stop)`` or a row sample)."""
+    sizes = np.asarray(plan.manifest.subspace.group_sizes, np.int64)
+    return (fn, str(plan.queries.path), *rows, loaded.shared["metric"], loaded.shared["router"],
+            sizes, plan.cfg.k, n_probe)
 
 
 #: an auto query whose calibrated point re-ranks at least this share of the rows answers by
@@ -295,8 +256,7 @@ def _as_scan(plan: SubspaceQueryPlan) -> SubspaceQueryPlan:
 
 
 def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[str, Any] | None,
-                      metric_f: Any, router_f: Any, segs: Sequence[Any],
-                      where: Sequence[str | None], sizes: np.ndarray, stall: float
+                      loaded: driver.Loaded, stall: float
                       ) -> tuple[SubspaceQueryPlan, MeasuredRecall, str]:
     """The recall check of a subspace query (`lshdist.index.recall_check`, as the
     permutation index's `lshdist.cluster.pipeline._checked`): a seeded sample of the queries
@@ -307,13 +267,14 @@ def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[st
     k = cfg.k
     rows = check_rows(qds.n, plan.manifest.seed)
     n_groups = len(plan.manifest.segments)
+    sizes = plan.manifest.subspace.group_sizes
     truth: list[np.ndarray] = []
 
     def answer(mode: str, n_probe: int, n_candidates: int) -> np.ndarray:
-        return sample_answer(client, where, segs, k,
-                             (route_rows, str(qds.path), rows, metric_f, router_f, sizes, k,
-                              n_probe),
-                             (search_group_task, k, n_candidates, mode), stall)
+        return driver.sample_answer(
+            client, loaded, k,
+            driver.Chunk(_route(plan, loaded, route_rows, (rows,), n_probe),
+                         (search_group_task, k, n_candidates, mode)), stall)
 
     def measure(point: tuple[int, int], estimate: float | None) -> MeasuredRecall:
         if not truth:
@@ -334,8 +295,7 @@ def _checked_subspace(client: Any, plan: SubspaceQueryPlan, calibration: dict[st
     return plan, d.recall, ""
 
 
-def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: Any,
-                segs: Sequence[Any], sizes: np.ndarray, stall: float
+def _calibrated(client: Any, plan: SubspaceQueryPlan, loaded: driver.Loaded, stall: float
                 ) -> tuple[SubspaceQueryPlan, dict[str, Any]]:
     """``--target-recall``: n_probe and n_candidates calibrated on a sample of the queries
     (`lshdist.index.subspace_calibrate`): the exact top-k of the sample by a scan of every group
@@ -350,20 +310,23 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
     t0 = time.perf_counter()
     k, target = plan.cfg.k, float(plan.cfg.target_recall or 0.0)
     seed = plan.manifest.seed
+    segs = loaded.segments
+    metric_f, router_f = loaded.shared["metric"], loaded.shared["router"]
+    sizes = np.asarray(plan.manifest.subspace.group_sizes, np.int64)
     sample_f = client.submit(tasks.calibration_sample, None, None, str(plan.queries.path), seed,
                              pure=False, retries=2)
     routed_f = client.submit(route_sample, sample_f, metric_f, router_f, pure=False, retries=2)
     tops = [client.submit(group_topk, s, routed_f, k, pure=False, retries=2) for s in segs]
     held = [sample_f, routed_f, *tops]
     try:
-        for _ in _progress(tops, "truth", stall):
+        for _ in driver.progress(tops, "truth", stall):
             pass
         parts = [f.result() for f in tops]
         _, truth = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
         ranks = [client.submit(group_truth_ranks, s, routed_f, truth, pure=False, retries=2)
                  for s in segs]
         held += ranks
-        for _ in _progress(ranks, "calibrate", stall):
+        for _ in driver.progress(ranks, "calibrate", stall):
             pass
         per_group = np.stack([f.result() for f in ranks])  # (G, Q, k)
         route = routed_f.result()[1]
@@ -383,3 +346,74 @@ def _calibrated(client: Any, plan: SubspaceQueryPlan, metric_f: Any, router_f: A
               "chosen": asdict(best), "reason": f"calibrated on the queries: {reason}",
               "seconds": time.perf_counter() - t0, "points": [asdict(p) for p in points]}
     return replace(plan, n_probe=best.n_probe, n_candidates=best.n_candidates), record
+
+
+# ------------------------------------------------------------------------------ the kind
+
+
+class SubspaceKind:
+    """The subspace-partition index (``--method subspace``) as an index kind of
+    `lshdist.cluster.driver`: built by `lshdist.cluster.subspace.build_groups`, queried by
+    routing each chunk to its nearest subspaces and searching the groups there."""
+
+    name = METHOD
+
+    def chooses(self, cfg: IndexConfig) -> bool:
+        return cfg.method == METHOD and cfg.family is None
+
+    def answers(self, manifest: IndexManifest) -> bool:
+        return isinstance(manifest, SubspaceManifest)
+
+    def plan_build(self, *, data: str, model: str, out: str, cfg: IndexConfig,
+                   append: bool = False, overwrite: bool = False, batch: str | None = None
+                   ) -> SubspaceBuildPlan:
+        return plan_subspace_build(data=data, model=model, out=out, cfg=cfg,
+                                   overwrite=overwrite, append=append, batch=batch)
+
+    def landed(self, plan: SubspaceBuildPlan, manifest: IndexManifest) -> bool:
+        return False
+
+    def build(self, client: Any, plan: SubspaceBuildPlan, index_dir: Path | ObjectPath,
+              run: driver.Run) -> driver.Built:
+        return build_groups(client, plan, index_dir, run)
+
+    def plan_query(self, *, index: str, source: str, out: str, cfg: QueryConfig,
+                   overwrite: bool = False, hyperplanes: bool = False) -> SubspaceQueryPlan:
+        if hyperplanes:
+            raise InputError(f"index {index!r} was built for k-NN queries (a subspace index); "
+                             "--hyperplanes needs an index built with --family h-hash or "
+                             "eh-hash (or use --queries)")
+        return plan_subspace_query(index=index, queries=source, out=out, cfg=cfg,
+                                   overwrite=overwrite)
+
+    def load(self, client: Any, plan: SubspaceQueryPlan
+             ) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+        m, index = plan.manifest, str(plan.index)
+        shared = {"metric": driver.share(client, load_metric, m.model),
+                  "router": driver.share(client, load_router, index, m)}
+        return shared, [(e.rows, (load_group, index, e, m)) for e in m.segments]
+
+    def prepare(self, client: Any, plan: SubspaceQueryPlan, loaded: driver.Loaded,
+                run: driver.Run) -> tuple[SubspaceQueryPlan, dict[str, Any]]:
+        return _prepare(client, plan, loaded, run)
+
+    def chunk(self, plan: SubspaceQueryPlan, loaded: driver.Loaded, start: int, stop: int
+              ) -> driver.Chunk:
+        return driver.Chunk(_route(plan, loaded, route_chunk, (start, stop), plan.n_probe),
+                            (search_group_task, plan.cfg.k, plan.n_candidates, plan.mode))
+
+    def describe(self, manifest: IndexManifest) -> str:
+        if not isinstance(manifest, SubspaceManifest):
+            raise InputError("not a subspace index")
+        rec = manifest.subspace
+        return (f"{manifest.rows} rows in {len(manifest.segments)} groups ({len(rec.rounds)} "
+                f"rounds; subspace, k={rec.rank}, r={rec.bits}, probe={rec.n_probe}, "
+                f"candidates={rec.n_candidates})")
+
+    def summary(self, result: dict[str, Any]) -> str:
+        op = result["operating_point"]
+        return (f"{result['queries']} queries x {result['segments']} groups ({result['mode']}, "
+                f"probe={op['n_probe']}, candidates={op['n_candidates']}) -> {result['out']}")
+
+
+SUBSPACE = SubspaceKind()

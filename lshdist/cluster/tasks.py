@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lshdist.cluster.answers import Partial
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
 from lshdist.index.payload import DensePayload
-from lshdist.index.permutation import PackedSegment, PermutationIndex, merge_topk
+from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
 from lshdist.store.dataset import Dataset
 from lshdist.store.embedded import open_data
@@ -22,7 +23,6 @@ from lshdist.store.index import (
     read_segment,
     write_segment,
 )
-from lshdist.store.results import PartWriter, queries_per_group
 
 if TYPE_CHECKING:
     from lshdist.index.calibrate import MergedGrid
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 #: one query chunk encoded: (codes, re-rank payload, query ids)
 Encoded = tuple[np.ndarray, Any, np.ndarray]
-#: one segment's partial answer to a chunk: (dist (Q, k), ids (Q, k), candidates (Q,))
-Partial = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def load_family(model_path: str, bits: int, seed: int, learned: bool) -> HashFamily:
@@ -233,12 +231,6 @@ def encode_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily,
     return codes, payload, np.asarray(ds.ids()[rows], np.int64)
 
 
-def merged_ids(encoded: Encoded, parts: Sequence[Partial], k: int) -> np.ndarray:
-    """The merged top-``k`` ids (Q, k) of a chunk's partial answers (`merge_and_write`'s
-    answer, returned instead of written: the recall check's)."""
-    return merge_topk([p[0] for p in parts], [p[1] for p in parts], k)[1]
-
-
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,
                    op: tuple[int, int, int] | None = None) -> Partial:
     """Partial top-k of one query chunk against one segment (hashed at operating point
@@ -250,29 +242,6 @@ def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, 
     dist, ids, stats = answer(segment, codes, payload, k, mode=mode, n_permutations=m,
                               window=w, hamming_keep=h)
     return dist, ids, stats["reranked"]
-
-
-def merge_partials(parts: Sequence[Partial], k: int) -> Partial:
-    """One partial answer from several segments' (a worker's, before its answers travel to
-    the chunk's merge): the top-k by (distance, id), candidates summed — what
-    `merge_and_write` makes of them, whichever way they are grouped (`merge_topk`)."""
-    dist, ids = merge_topk([p[0] for p in parts], [p[1] for p in parts], k)
-    return dist, ids, np.sum([p[2] for p in parts], axis=0)
-
-
-def merge_and_write(encoded: Encoded, parts: Sequence[Partial], k: int, out_dir: str,
-                    chunk: int) -> int:
-    """Merge the partial lists of one query chunk and write its Parquet parts, a row group
-    of queries at a time (`queries_per_group`: the merged table of a 10,000-query chunk at
-    k = 100 is never whole in memory); returns Q."""
-    qids = encoded[2]
-    step = queries_per_group(k)
-    with PartWriter(out_dir, chunk) as out:
-        for lo in range(0, len(qids), step):
-            sl = slice(lo, lo + step)
-            dist, ids = merge_topk([p[0][sl] for p in parts], [p[1][sl] for p in parts], k)
-            out.write(qids[sl], dist, ids, np.sum([p[2][sl] for p in parts], axis=0))
-    return out.queries
 
 
 def recalibrate_stored(index_dir: str, entry: SegmentEntry, manifest: PermutationManifest,

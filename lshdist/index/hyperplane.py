@@ -26,7 +26,6 @@ Two ways to find candidates from the same keys (``mode``):
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +36,15 @@ from lshdist._kernels.hyperplane import (
     rerank_margin_dense,
     rerank_margin_sparse,
 )
-from lshdist.blocks import Block, RowsLike, SparseBlock, as_block, n_rows, row_ranges
+from lshdist.blocks import (
+    Block,
+    RowsLike,
+    SparseBlock,
+    as_block,
+    n_rows,
+    on_row_ranges,
+    row_ranges,
+)
 from lshdist.config import HYPERPLANE_MODES, check_mode
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.hyperplane import HHash, HyperplaneFamily, hyperplane_family
@@ -535,20 +542,14 @@ def rank_search(index: PermutationIndex, qcodes: np.ndarray, qpayload: RerankPay
     index.payload_.prepare(n_threads)  # what the re-rank keeps, made before threads share it
     max_score = 64 * int(index.codes_.shape[1])
 
-    def run(part: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = part
+    def run(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         offsets, rows = rank_candidates(index.codes_, np.ascontiguousarray(qcodes[lo:hi]),
                                         paired, int(candidates), int(index.bits_), max_score)
         dist, top = index.payload_.rerank(offsets, rows, qpayload.take(np.arange(lo, hi)), k,
                                           index.ids_)
         return dist, top
 
-    parts = row_ranges(Q, n_threads) or [(0, Q)]
-    if len(parts) == 1:
-        results = [run(parts[0])]
-    else:
-        with ThreadPoolExecutor(len(parts)) as pool:
-            results = list(pool.map(run, parts))
+    results = on_row_ranges(run, Q, n_threads)
     dist = np.concatenate([r[0] for r in results]).astype(np.float32)
     top = np.concatenate([r[1] for r in results])
     ids = np.where(top >= 0, index.ids_[np.maximum(top, 0)], -1)

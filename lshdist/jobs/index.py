@@ -35,59 +35,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.cluster.pipeline import plan_build, run_build
+    """Plan the build with its index kind (`lshdist.cluster.kinds.for_build`: every input
+    checked before any cluster starts), then run it on the cluster driver."""
+    from lshdist.cluster import driver, kinds
 
     cluster = from_args(ClusterConfig, args)
     cfg = from_args(IndexConfig, args)
-    if cfg.family is not None:
-        return _run_hyperplane(args, cfg, cluster)
-    if cfg.method == "subspace":
-        return _run_subspace(args, cfg, cluster)
-    plan = plan_build(data=args.data, model=args.model, out=args.out,
-                      cfg=cfg, append=args.append,
-                      overwrite=args.overwrite, batch=args.batch)
+    kind = kinds.for_build(cfg)
+    plan = kind.plan_build(data=args.data, model=args.model, out=args.out, cfg=cfg,
+                           append=args.append, overwrite=args.overwrite, batch=args.batch)
     if not plan.skipped:  # (checked again under the index lock: a racing run may land it)
         with client_from_config(cluster) as client:
-            m = run_build(client, plan, stall=cluster.stall_timeout)
+            m = driver.build(client, kind, plan, stall=cluster.stall_timeout)
     if plan.skipped:
         sys.stdout.write(f"index {args.out}: batch {args.batch!r} is in it already; nothing "
                          "appended\n")
         return 0
-    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} segments "
-                     f"(b={m.bits}, W={m.window})\n")
-    return 0
-
-
-def _run_hyperplane(args: argparse.Namespace, cfg: IndexConfig, cluster: ClusterConfig) -> int:
-    """``--family``: an index for hyperplane queries (`lshdist.cluster.hyperplane`)."""
-    from lshdist.cluster.hyperplane import plan_hyperplane_build, run_hyperplane_build
-    from lshdist.errors import InputError
-
-    if args.append or args.batch:
-        raise InputError("--append/--batch are not supported for hyperplane indexes (--family); "
-                         "build the index again with --overwrite")
-    plan = plan_hyperplane_build(data=args.data, model=args.model, out=args.out, cfg=cfg,
-                                 overwrite=args.overwrite)
-    with client_from_config(cluster) as client:
-        m = run_hyperplane_build(client, plan, stall=cluster.stall_timeout)
-    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} segments "
-                     f"({m.family.name}, b={m.bits}, M={m.permutations}, "
-                     f"W={m.window})\n")
-    return 0
-
-
-def _run_subspace(args: argparse.Namespace, cfg: IndexConfig, cluster: ClusterConfig) -> int:
-    """``--method subspace``: the spectral subspace-partition index
-    (`lshdist.cluster.subspace`), planned (every input checked) before any cluster starts."""
-    from lshdist.cluster.subspace import plan_subspace_build, run_subspace_build
-
-    plan = plan_subspace_build(data=args.data, model=args.model, out=args.out, cfg=cfg,
-                               overwrite=args.overwrite, append=args.append, batch=args.batch)
-    with client_from_config(cluster) as client:
-        m = run_subspace_build(client, plan, stall=cluster.stall_timeout)
-    rec = m.subspace
-    sys.stdout.write(f"index {args.out}: {m.rows} rows in {len(m.segments)} groups "
-                     f"({len(rec.rounds)} rounds; subspace, k={rec.rank}, "
-                     f"r={rec.bits}, probe={rec.n_probe}, "
-                     f"candidates={rec.n_candidates})\n")
+    sys.stdout.write(f"index {args.out}: {kind.describe(m)}\n")
     return 0

@@ -57,12 +57,23 @@ def describe_model(path: Path | ObjectPath) -> dict[str, Any]:
 
 
 def describe_index(path: Path | ObjectPath) -> dict[str, Any]:
-    from lshdist.store.index import SubspaceManifest, list_orphans, read_index_manifest
+    from lshdist.store.index import (
+        KindManifest,
+        SubspaceManifest,
+        list_orphans,
+        read_index_manifest,
+    )
 
     m = read_index_manifest(path)
     orphans = [str(p) for p in list_orphans(path)]
     if isinstance(m, SubspaceManifest):
         return _describe_subspace(path, m, orphans)
+    if isinstance(m, KindManifest):  # a plug-in kind's index
+        return {"format": f"{m.format} v{m.version}", "path": str(path), "rows": m.rows,
+                "model": m.model, "model_checksum": m.model_checksum, "kind": m.kind,
+                "method": m.method, "params": dict(m.params), "n_segments": len(m.segments),
+                "segments": [f"{e.name} ({e.rows} rows)" for e in m.segments],
+                "orphans": orphans or None}
 
     def known(v: Any) -> Any:
         return "?" if v is None else v

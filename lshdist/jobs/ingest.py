@@ -194,7 +194,7 @@ def run_features(args: argparse.Namespace) -> int:
     """``ingest --features``: images to a point-set dataset, features extracted on Dask."""
     import numpy as np
 
-    from lshdist.cluster.pipeline import _progress
+    from lshdist.cluster.driver import progress as _progress
     from lshdist.config import ClusterConfig, from_args
     from lshdist.embed.features import extract_sets
     from lshdist.errors import InputError

@@ -33,46 +33,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lshdist.cluster.pipeline import plan_query, run_query
-    from lshdist.store.index import SubspaceManifest, read_index_manifest
+    """Plan the query with the index's kind (`lshdist.cluster.kinds.for_index`: every input
+    checked before any cluster starts), then run it on the cluster driver."""
+    from lshdist.cluster import driver, kinds
 
     cluster = from_args(ClusterConfig, args)
-    if args.hyperplanes is not None:
-        return _run_hyperplanes(args, cluster)
-    if isinstance(read_index_manifest(args.index), SubspaceManifest):
-        return _run_subspace(args, cluster)
-    plan = plan_query(index=args.index, queries=args.queries, out=args.out,
-                      cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
+    kind = kinds.for_index(args.index)
+    hyperplanes = args.hyperplanes is not None
+    plan = kind.plan_query(index=args.index, source=args.hyperplanes if hyperplanes
+                           else args.queries, out=args.out, cfg=from_args(QueryConfig, args),
+                           overwrite=args.overwrite, hyperplanes=hyperplanes)
     with client_from_config(cluster) as client:
-        r = run_query(client, plan, stall=cluster.stall_timeout)
-    sys.stdout.write(f"{r['queries']} queries x {r['segments']} segments -> {r['out']}\n")
-    if r.get("measured_recall"):
-        from lshdist.index.recall_check import line_of
-
-        sys.stdout.write(line_of(r["measured_recall"]) + "\n")
-    return 0
-
-
-def _run_hyperplanes(args: argparse.Namespace, cluster: ClusterConfig) -> int:
-    from lshdist.cluster.hyperplane import plan_hyperplane_query, run_hyperplane_query
-
-    plan = plan_hyperplane_query(index=args.index, hyperplanes=args.hyperplanes, out=args.out,
-                                 cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
-    with client_from_config(cluster) as client:
-        r = run_hyperplane_query(client, plan, stall=cluster.stall_timeout)
-    sys.stdout.write(f"{r['queries']} hyperplanes x {r['segments']} segments -> {r['out']}\n")
-    return 0
-
-
-def _run_subspace(args: argparse.Namespace, cluster: ClusterConfig) -> int:
-    """A subspace index (`lshdist.cluster.subspace`): routed to its groups, searched there."""
-    from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
-
-    plan = plan_subspace_query(index=args.index, queries=args.queries, out=args.out,
-                               cfg=from_args(QueryConfig, args), overwrite=args.overwrite)
-    with client_from_config(cluster) as client:
-        r = run_subspace_query(client, plan, stall=cluster.stall_timeout)
-    op = r["operating_point"]
-    sys.stdout.write(f"{r['queries']} queries x {r['segments']} groups ({r['mode']}, probe="
-                     f"{op['n_probe']}, candidates={op['n_candidates']}) -> {r['out']}\n")
+        r = driver.query(client, kind, plan, stall=cluster.stall_timeout)
+    sys.stdout.write(kind.summary(r) + "\n")
     return 0

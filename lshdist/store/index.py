@@ -54,9 +54,17 @@ from lshdist.store.manifest import VERSION as VERSION
 from lshdist.store.manifest import AnyManifest as AnyManifest
 from lshdist.store.manifest import GroupEntry as GroupEntry
 from lshdist.store.manifest import IndexManifest as IndexManifest
+from lshdist.store.manifest import KindEntry as KindEntry
+from lshdist.store.manifest import KindManifest as KindManifest
 from lshdist.store.manifest import PermutationManifest as PermutationManifest
 from lshdist.store.manifest import SegmentEntry as SegmentEntry
-from lshdist.store.manifest import SegmentPart, as_entry, manifest_from_json
+from lshdist.store.manifest import (
+    SegmentPart,
+    as_entry,
+    known_methods,
+    manifest_from_json,
+    plugin_manifest,
+)
 from lshdist.store.manifest import SubspaceManifest as SubspaceManifest
 from lshdist.store.model import array_checksum, zarr_array
 from lshdist.store.objects import ObjectPath, as_path, is_url, local_path
@@ -500,7 +508,7 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def require_permutation(manifest: AnyManifest, index_dir: str | os.PathLike[str],
+def require_permutation(manifest: IndexManifest, index_dir: str | os.PathLike[str],
                         what: str) -> PermutationManifest:
     """``manifest``, refusing a subspace index where only the permutation index is supported
     (``what``)."""
@@ -515,13 +523,96 @@ def _check_any(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     from lshdist.store.subspace import METHOD, check_subspace_manifest
 
     method = meta.get("method", "permutation")
+    plugin = plugin_manifest(method)
     if method == METHOD:
         check_subspace_manifest(meta, path)
     elif method == "permutation" and "method" not in meta:
         _check_manifest(meta, path)
+    elif plugin is not None:
+        _check_plugin(meta, path, plugin)
     else:
-        raise FormatError(f"{str(path)!r}: {MANIFEST}: method={method!r} is not 'subspace' "
-                          f"(a permutation index records no method); {_REBUILD}")
+        kinds = [m for m in known_methods() if m != "permutation"]
+        raise FormatError(f"{str(path)!r}: {MANIFEST}: method={method!r} is not one this "
+                          f"lshdist reads ({', '.join(map(repr, kinds))}; a permutation index "
+                          "records no method): an index of a plug-in kind needs that plug-in "
+                          f"installed, else {_REBUILD}")
+
+
+_PLUGIN_FIELDS = {k: _FIELDS[k] for k in ("format", "version", "model", "model_checksum",
+                                          "kind", "d", "seed", "segments", "rows", "checksum")}
+
+
+def _check_plugin(meta: dict[str, Any], path: Path | ObjectPath,
+                  cls: type[KindManifest]) -> None:
+    """A plug-in kind's manifest: the common head, every segment entry (name, rows >= 1,
+    checksum, each name once, rows summing to the index's) and the kind's own ``params``."""
+    where = f"{str(path)!r}: {MANIFEST}"
+    _check_fields(meta, _PLUGIN_FIELDS, where)
+    _check_fields(meta, {"method": (_STR, "a string"), "params": ((dict,), "an object")}, where,
+                  required=False)
+    seen: set[str] = set()
+    total = 0
+    for i, entry in enumerate(meta["segments"]):
+        w = f"{where}: segments[{i}]"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{w} is {type(entry).__name__}, expected an object; {_REBUILD}")
+        _check_fields(entry, {"name": _ENTRY_FIELDS["name"], "rows": _ENTRY_FIELDS["rows"],
+                              "checksum": _ENTRY_FIELDS["checksum"]}, w)
+        segment_path(path, entry["name"])
+        if entry["name"] in seen:
+            raise FormatError(f"{w}: segment {entry['name']!r} is listed twice; {_REBUILD}")
+        seen.add(entry["name"])
+        if entry["rows"] < 1 or not _SHA256.fullmatch(entry["checksum"]):
+            raise FormatError(f"{w}: rows={entry['rows']!r}, checksum={entry['checksum']!r}: "
+                              f"expected an integer >= 1 and a sha256 hex digest; {_REBUILD}")
+        total += entry["rows"]
+    if total != meta["rows"] or meta["d"] < 1:
+        raise FormatError(f"{where}: rows={meta['rows']}, d={meta['d']}, its segments hold "
+                          f"{total} rows; {_REBUILD}")
+    cls.check_params(meta.get("params") or {}, where)
+
+
+def write_arrays_segment(index_dir: str | os.PathLike[str], name: str,
+                         arrays: dict[str, np.ndarray], attrs: dict[str, Any] | None = None
+                         ) -> KindEntry:
+    """Write a plug-in kind's segment ``name`` (``arrays``: at least ``ids``, one per row);
+    returns its manifest entry (name, rows, checksum over every array)."""
+    if "ids" not in arrays:
+        raise ValueError("a segment's arrays need 'ids' (one per row)")
+    segment_zarr_arrays(segment_path(index_dir, name), arrays, dict(attrs or {}))
+    return KindEntry(name=name, rows=len(arrays["ids"]), checksum=_segment_checksum(arrays))
+
+
+def read_arrays_segment(index_dir: str | os.PathLike[str], entry: KindEntry
+                        ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and attributes of a plug-in kind's segment, verified against its entry (the
+    checksum of every array, the rows of ``ids``).
+
+    Raises
+    ------
+    FormatError
+        Naming the segment, when it is missing, unreadable or does not match its entry.
+    """
+    path = segment_path(index_dir, entry.name)
+    where = f"segment {entry.name!r} of index {str(index_dir)!r}"
+    restore = f"{_REBUILD} or restore segment {entry.name!r}"
+    try:
+        g = zarr.open_group(open_store(path), mode="r", zarr_format=3)
+        arrays = {key: np.asarray(a[:]) for key, a in g.arrays()}
+        attrs = dict(g.attrs)
+    except Exception as exc:  # zarr raises many types for missing or broken chunks
+        failed = f"{where} is unreadable or missing ({type(exc).__name__}: {exc}); {restore}"
+    else:
+        failed = ""
+    if failed:
+        raise FormatError(failed)
+    digest = _segment_checksum(arrays)
+    if digest != entry.checksum or len(arrays.get("ids", ())) != entry.rows:
+        raise FormatError(f"{where} does not match its manifest entry (checksum "
+                          f"{entry.checksum[:12]}..., {entry.rows} rows; its arrays give "
+                          f"{digest[:12]}..., {len(arrays.get('ids', ()))} rows): a chunk is "
+                          f"damaged or missing; {restore}")
+    return arrays, attrs
 
 
 def _check_fields(obj: dict[str, Any], fields: dict[str, tuple[tuple[type, ...], str]], where: str,
@@ -892,6 +983,12 @@ def verify_index_manifest(index_dir: str | os.PathLike[str]) -> AnyManifest:
         read_subspaces(index_dir, manifest)
         for group in manifest.segments:
             read_group(index_dir, group, manifest)
+        return manifest
+    if isinstance(manifest, KindManifest):  # a plug-in kind's: each segment's checksum
+        seen = [read_arrays_segment(index_dir, e)[0]["ids"] for e in manifest.segments]
+        dup = repeated_id(np.concatenate(seen) if seen else np.zeros(0, np.int64))
+        if dup is not None:
+            raise FormatError(f"index {str(index_dir)!r} holds id {dup[0]} twice; {_REBUILD}")
         return manifest
     ids: list[np.ndarray] = []
     for entry in manifest.segments:

@@ -9,7 +9,9 @@ seed, rows):
   `SegmentEntry` list, the calibration record and the append labels (``batches``);
 * `HyperplaneManifest` -- a permutation index for hyperplane queries, with its `HashFamily`;
 * `SubspaceManifest` -- the subspace-partition index: its `GroupEntry` list and the
-  `SubspaceRecord` (`lshdist.store.subspace`).
+  `SubspaceRecord` (`lshdist.store.subspace`);
+* `KindManifest` -- the manifest of an index kind added as a plug-in (`register_manifest`):
+  the head, its `KindEntry` list and the kind's own JSON ``params``.
 
 ``to_json()`` gives the JSON that is written, key for key and in the order lshdist has always
 written it: a manifest read from disk remembers its keys' order (``layout``) and keeps any key
@@ -135,6 +137,23 @@ class GroupEntry:
                    checksum=raw["checksum"])
 
 
+@dataclass(frozen=True, kw_only=True)
+class KindEntry:
+    """A segment of a plug-in index kind: its name, rows and checksum
+    (`lshdist.store.index.write_arrays_segment`)."""
+
+    name: str
+    rows: int
+    checksum: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "rows": self.rows, "checksum": self.checksum}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> KindEntry:
+        return cls(name=raw["name"], rows=raw["rows"], checksum=raw["checksum"])
+
+
 # --------------------------------------------------------------------------------- records
 
 
@@ -227,7 +246,7 @@ class IndexManifest:
     d: int
     seed: int
     rows: int
-    segments: tuple[SegmentEntry | GroupEntry, ...]
+    segments: tuple[SegmentEntry | GroupEntry | KindEntry, ...]
     format: str = FORMAT
     version: int = VERSION
     checksum: str | None = None
@@ -365,13 +384,83 @@ class SubspaceManifest(IndexManifest):
         return _ordered(body, self.extra, self.layout)
 
 
-AnyManifest = PermutationManifest | SubspaceManifest
+_KIND_KEYS = ("format", "version", "method", "model", "model_checksum", "kind", "d", "seed",
+              "rows", "segments", "params", "checksum")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindManifest(IndexManifest):
+    """The manifest of an index kind added as a plug-in: a subclass sets ``method`` (the
+    kind's name, written to ``index.json``) and is registered with `register_manifest`; the
+    store checks its head and segments like every index's (types, names, rows, checksums) and
+    calls `check_params` on the kind's own ``params``."""
+
+    segments: tuple[KindEntry, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any], where: str) -> None:
+        """Refuse (`lshdist.errors.FormatError`, naming ``where``) params this kind cannot
+        read; the default accepts any JSON object."""
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "format": self.format, "version": self.version, "method": self.method,
+            "model": self.model, "model_checksum": self.model_checksum, "kind": self.kind,
+            "d": self.d, "seed": self.seed, "rows": self.rows,
+            "segments": [e.to_json() for e in self.segments], "params": dict(self.params)}
+        if self.checksum is not None:
+            body["checksum"] = self.checksum
+        return _ordered(body, self.extra, self.layout)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> KindManifest:
+        return cls(format=raw["format"], version=raw["version"], model=raw["model"],
+                   model_checksum=raw["model_checksum"], kind=raw["kind"], d=raw["d"],
+                   seed=raw["seed"], rows=raw["rows"], checksum=raw.get("checksum"),
+                   segments=tuple(KindEntry.from_json(e) for e in raw["segments"]),
+                   params=dict(raw.get("params") or {}), extra=_extra(raw, _KIND_KEYS),
+                   layout=tuple(raw))
+
+
+#: the manifest classes of plug-in index kinds, by ``method``
+_PLUGINS: dict[str, type[KindManifest]] = {}
+
+#: the methods lshdist itself writes (a permutation index records none)
+BUILT_IN = ("permutation", "subspace")
+
+
+def register_manifest(cls: type[KindManifest]) -> type[KindManifest]:
+    """Let the store read and write indexes of ``cls.method`` (a class decorator; registering
+    the same class again is a no-op)."""
+    name = cls.method
+    if not name or name in BUILT_IN or _PLUGINS.get(name, cls) is not cls:
+        raise ValueError(f"index kind {name!r} is taken (or empty); choose another name")
+    _PLUGINS[name] = cls
+    return cls
+
+
+def plugin_manifest(method: Any) -> type[KindManifest] | None:
+    """The registered manifest class of ``method`` (None: not a plug-in kind)."""
+    return _PLUGINS.get(method) if isinstance(method, str) else None
+
+
+def known_methods() -> list[str]:
+    """Every index method this process reads, built-in first."""
+    return [*BUILT_IN, *sorted(_PLUGINS)]
+
+
+AnyManifest = PermutationManifest | SubspaceManifest | KindManifest
 
 
 def manifest_from_json(raw: Mapping[str, Any]) -> AnyManifest:
     """The typed manifest of a checked ``index.json`` (see `lshdist.store.index.read_manifest`):
-    a `SubspaceManifest` for ``method: "subspace"``, a `HyperplaneManifest` for one with a
-    ``family``, else a `PermutationManifest`."""
+    a `SubspaceManifest` for ``method: "subspace"``, a registered plug-in's `KindManifest`
+    for its method, a `HyperplaneManifest` for one with a ``family``, else a
+    `PermutationManifest`."""
+    plugin = plugin_manifest(raw.get("method"))
+    if plugin is not None:
+        return plugin.from_json(raw)
     if raw.get("method") == SubspaceManifest.method:
         return SubspaceManifest(
             format=raw["format"], version=raw["version"], model=raw["model"],

@@ -51,7 +51,7 @@ def test_merge_of_segment_topk_equals_global_topk(seed, n, n_segments, k):
 def test_query_chunks_split_shards_never_straddle_them():
     """Each shard in the fewest nearly equal pieces of at most ``chunk`` rows; the pieces
     tile the rows in order, and no piece crosses a shard boundary."""
-    from lshdist.cluster.pipeline import query_chunks
+    from lshdist.cluster.driver import query_chunks
 
     bounds = [0, 20_000, 24_000, 24_001]
     got = query_chunks(bounds, 10_000)
@@ -70,7 +70,7 @@ def test_partials_merged_per_worker_then_together_equal_one_merge():
     segment's partial at once gives, ties by id and missing entries included."""
     import numpy as np
 
-    from lshdist.cluster.tasks import merge_partials
+    from lshdist.cluster.answers import merge_partials
     from lshdist.index.permutation import merge_topk
 
     rng = np.random.default_rng(3)
@@ -97,7 +97,7 @@ def test_query_chunks_shrink_with_k():
     """A segment's partial answer to a chunk (12 bytes a neighbour) stays under PARTIAL_BYTES:
     k = 10 and 100 keep the default 10,000-query chunk, k = 1,000 takes 1,398, k = 10^6 one
     query; the chunk asked for is never exceeded."""
-    from lshdist.cluster.pipeline import PARTIAL_BYTES, chunk_rows
+    from lshdist.cluster.driver import PARTIAL_BYTES, chunk_rows
 
     assert chunk_rows(10_000, 10) == chunk_rows(10_000, 100) == 10_000
     assert chunk_rows(10_000, 1_000) == PARTIAL_BYTES // 12_000 == 1_398

@@ -183,7 +183,7 @@ def test_segments_held_from_the_build_answer_like_the_stored_index(letter_job, r
                                      model=str(letter_job / "model"), out=str(tmp_path / "idx"),
                                      cfg=INDEX), hold=held)
         assert len(held) == 4 and all(f.status == "finished" for f in held)
-        from lshdist.cluster.pipeline import holders
+        from lshdist.cluster.driver import holders
 
         homes = holders(client, held)  # where the query will encode its chunks
         assert sorted(set(homes)) == sorted(client.scheduler_info()["workers"])
@@ -427,7 +427,7 @@ def test_oversized_permutation_lists_are_refused_before_any_cluster(letter_job, 
 
 
 def test_segments_are_spread_over_the_workers_by_rows():
-    from lshdist.cluster.pipeline import spread
+    from lshdist.cluster.driver import spread
 
     assert spread([500, 500, 20], ["a", "b"]) == ["a", "b", "a"]
     assert spread([100] * 5, ["a", "b"]) == ["a", "b", "a", "b", "a"]

@@ -97,7 +97,7 @@ def test_a_default_size_cached_before_registration_is_replaced(letter_job):
 def test_a_stall_names_the_paused_workers():
     from types import SimpleNamespace
 
-    from lshdist.cluster.pipeline import stalled_reason
+    from lshdist.cluster.driver import stalled_reason
 
     def future(workers):
         return SimpleNamespace(client=SimpleNamespace(_scheduler_identity={"workers": workers}))

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from lshdist.cli import main
+from lshdist.cluster import driver
 from lshdist.cluster.client import dask_client
-from lshdist.cluster.subspace import masked_median, plan_subspace_build, run_subspace_build
-from lshdist.cluster.subspace_query import plan_subspace_query, run_subspace_query
+from lshdist.cluster.subspace import masked_median, plan_subspace_build
+from lshdist.cluster.subspace_query import SUBSPACE, plan_subspace_query
 from lshdist.config import IndexConfig, QueryConfig
 from lshdist.errors import FormatError, InputError
 from lshdist.index.subspace import SubspaceIndex
@@ -70,10 +71,10 @@ def _cfg(**kw):
 def _build_and_query(client, root, model, out, k=10, **qkw):
     plan = plan_subspace_build(data=str(root / "data"), model=str(root / model),
                                out=str(out / "idx"), cfg=_cfg())
-    manifest = run_subspace_build(client, plan).to_json()
+    manifest = driver.build(client, SUBSPACE, plan).to_json()
     q = plan_subspace_query(index=str(out / "idx"), queries=str(root / "queries"),
                             out=str(out / "res"), cfg=QueryConfig(k=k, query_chunk=70, **qkw))
-    run_subspace_query(client, q)
+    driver.query(client, SUBSPACE, q)
     qids, nb, dist, cand = read_results(out / "res")
     o = np.argsort(qids)
     return manifest, qids[o], nb[o], dist[o], cand[o]
@@ -119,7 +120,7 @@ def test_scan_mode_is_exact_and_overrides(built, job, tmp_path):
     --candidates override the index's own at query time (the one-process overrides)."""
     root, X, Xq, ids, metric = job
     with dask_client(workers=2, processes=False) as client:
-        run_subspace_query(client, plan_subspace_query(
+        driver.query(client, SUBSPACE, plan_subspace_query(
             index=str(built), queries=str(root / "queries"), out=str(tmp_path / "res"),
             cfg=QueryConfig(k=5, mode="scan", query_chunk=70)))
         qids, nb, _, cand = read_results(tmp_path / "res")
@@ -127,7 +128,7 @@ def test_scan_mode_is_exact_and_overrides(built, job, tmp_path):
         q = plan_subspace_query(index=str(built), queries=str(root / "queries"),
                                 out=str(tmp_path / "res2"),
                                 cfg=QueryConfig(k=5, probe=1, candidates=20))
-        run_subspace_query(client, q)
+        driver.query(client, SUBSPACE, q)
     Z, Zq = metric.transform(X), metric.transform(Xq)
     d = ((Zq[:, None, :].astype(np.float64) - Z[None]) ** 2).sum(-1)
     want = ids[np.lexsort((np.broadcast_to(ids, d.shape), d), axis=1)[:, :5]]
@@ -252,7 +253,7 @@ def test_target_recall_calibrates_on_the_queries(built, job, tmp_path):
         q = plan_subspace_query(index=str(built), queries=str(root / "queries"),
                                 out=str(tmp_path / "res"), cfg=QueryConfig(k=10,
                                                                           target_recall=0.9))
-        r = run_subspace_query(client, q)
+        r = driver.query(client, SUBSPACE, q)
     cal = r["calibration"]
     chosen = cal["chosen"]
     assert (r["operating_point"]["n_probe"], r["operating_point"]["n_candidates"]) == (

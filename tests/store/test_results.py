@@ -65,7 +65,7 @@ def test_a_chunk_merged_and_written_in_row_groups_equals_it_merged_whole(tmp_pat
     import pyarrow.parquet as pq
 
     import lshdist.store.results as res
-    from lshdist.cluster.tasks import merge_and_write
+    from lshdist.cluster.answers import merge_and_write
     from lshdist.index.permutation import merge_topk
 
     rng = np.random.default_rng(0)

@@ -1,0 +1,548 @@
+"""The one cluster driver of every index kind (ARCHITECTURE.md sections 1 and 4).
+
+An index kind (`IndexKind`: the permutation index of `lshdist.cluster.pipeline`, the hyperplane
+index of `lshdist.cluster.hyperplane`, the subspace index of `lshdist.cluster.subspace`, or a
+plug-in registered with `lshdist.cluster.kinds.register`) says *what* to compute: it plans a
+job on the driver (every input checked, no cluster needed), fits and writes its segments,
+calibrates, and gives, per query chunk, the task that encodes the chunk and the task that
+searches one segment with it.  This module says *how* it runs, the same for every kind and
+knowing none of them:
+
+* a build (`build`) holds the index lock, writes a fresh index aside and swaps it in (on object
+  storage: commits the manifest by a conditional write), or appends segments and commits the
+  new manifest, merging into another job's commit and retrying where one landed first; the
+  segments of a failed build are removed, never a segment a manifest names;
+* a query (`query`) loads the segments spread over the workers by rows (`spread`), lets the
+  kind calibrate and check its recall (`IndexKind.prepare`), then keeps at most a few query
+  chunks in flight (`windowed`): each chunk encoded once on every worker holding segments, each
+  segment searched where it lives, the partial answers merged on each worker and then for the
+  chunk, whose Parquet parts are written by a task (`chunk_tasks`); results are written aside
+  and renamed into place (`lshdist.store.results.write_results`);
+* every wait is bounded: a job where no task finishes for ``stall`` seconds fails with a
+  `ClusterError` that says why it may have stopped (`progress`, `windowed`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from lshdist.cluster.answers import merge_and_write, merge_partials, merged_ids
+from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
+from lshdist.errors import ClusterError, InputError
+from lshdist.store.atomic import atomic_dir, os_error
+from lshdist.store.index import (
+    FORMAT,
+    IndexManifest,
+    index_lock,
+    manifest_tag,
+    read_index_manifest,
+    read_manifest_tagged,
+    remove_unnamed,
+    write_manifest,
+)
+from lshdist.store.objects import CommitConflict, ObjectPath
+from lshdist.store.results import write_results
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ the protocol
+
+
+@dataclass
+class Built:
+    """What an index kind's `IndexKind.build` wrote: the segment names (removed if the job
+    fails before its manifest is committed) and how to make the manifest to commit from the
+    index's current one (None for a fresh build; for an append, the manifest read just before
+    the commit -- ``manifest`` checks it again and merges into it)."""
+
+    names: list[str]
+    manifest: Callable[[IndexManifest | None], IndexManifest]
+
+
+@dataclass
+class Chunk:
+    """The tasks of one query chunk, each ``(function, *args)``: ``encode`` runs once on every
+    worker holding segments; ``search`` runs per segment as ``function(segment, encoded,
+    *args)`` (``per_segment``: arguments appended for each segment, in the segments' order)
+    and returns a partial answer ``(dist (Q, k), ids (Q, k), candidates (Q,))``; the driver
+    merges them (`lshdist.cluster.answers`)."""
+
+    encode: tuple[Any, ...]
+    search: tuple[Any, ...]
+    per_segment: Sequence[tuple[Any, ...]] | None = None
+
+
+@dataclass
+class Loaded:
+    """A query's index in worker memory: the kind's futures shared by every task (``shared``,
+    by name: a hash family, a metric, a router), the segments in the manifest's order and the
+    worker each is on (``homes``)."""
+
+    shared: dict[str, Any]
+    segments: list[Any]
+    homes: list[str | None]
+    owned: bool = True  # the driver loaded the segments (and releases them at the end)
+
+
+@dataclass
+class Run:
+    """A job's settings every step of every kind reads: the stall timeout, and (a fresh build)
+    the list that receives futures of the segments exactly as written, kept in worker memory
+    for a query that follows in the same cluster."""
+
+    stall: float = ClusterConfig.stall_timeout
+    hold: list[Any] | None = None
+
+
+class BuildPlanLike(Protocol):
+    """What the driver reads of a kind's planned build."""
+
+    out: Path | ObjectPath
+    overwrite: bool
+    append: bool
+    skipped: bool
+
+    @property
+    def inputs(self) -> tuple[Any, ...]: ...  # paths the job reads (never replaced by it)
+
+    @property
+    def memory_bytes(self) -> int: ...  # a segment's bytes in worker memory (0: not known)
+
+
+class QueryPlanLike(Protocol):
+    """What the driver reads of a kind's planned query."""
+
+    index: Path | ObjectPath
+    out: Path | ObjectPath
+    cfg: QueryConfig
+    overwrite: bool
+
+    @property
+    def inputs(self) -> tuple[Any, ...]: ...  # paths the job reads
+
+    @property
+    def bounds(self) -> list[int]: ...  # the queries' shard boundaries (first rows, then Q)
+
+
+class IndexKind(Protocol):
+    """An index kind: what `build` and `query` need to know of it.  A new kind is one module
+    with a class that has these methods (and a `lshdist.store.manifest.KindManifest` subclass
+    for its manifest), registered with `lshdist.cluster.kinds.register`."""
+
+    #: the kind's name (``index.json``'s ``method``; ``--method``)
+    name: str
+
+    def chooses(self, cfg: IndexConfig) -> bool:
+        """Whether an index build with ``cfg`` is of this kind."""
+        ...
+
+    def answers(self, manifest: IndexManifest) -> bool:
+        """Whether this kind reads (answers queries of) an index with ``manifest``."""
+        ...
+
+    def plan_build(self, *, data: str, model: str, out: str, cfg: IndexConfig,
+                   append: bool = False, overwrite: bool = False, batch: str | None = None
+                   ) -> Any:
+        """Check a build on the driver, no cluster: a plan (`BuildPlanLike`)."""
+        ...
+
+    def landed(self, plan: Any, manifest: IndexManifest) -> bool:
+        """An append whose data is in ``manifest`` already (its batch label): nothing to do."""
+        ...
+
+    def build(self, client: Any, plan: Any, index_dir: Path | ObjectPath, run: Run) -> Built:
+        """Fit, calibrate and write the segments into ``index_dir``."""
+        ...
+
+    def plan_query(self, *, index: str, source: str, out: str, cfg: QueryConfig,
+                   overwrite: bool = False, hyperplanes: bool = False) -> Any:
+        """Check a query on the driver, no cluster: a plan (`QueryPlanLike`).  ``source``:
+        the query dataset (``hyperplanes``: the hyperplanes, a dataset or a ``.npy`` file)."""
+        ...
+
+    def load(self, client: Any, plan: Any) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+        """The futures every task shares (submitted, replicated by the driver) and, per
+        segment, ``(rows, (function, *args))`` that loads it on a worker."""
+        ...
+
+    def prepare(self, client: Any, plan: Any, loaded: Loaded, run: Run
+                ) -> tuple[Any, dict[str, Any]]:
+        """Before the chunks: calibrate, measure the recall; returns the plan the chunks run
+        with and what ``results.json`` records of it."""
+        ...
+
+    def chunk(self, plan: Any, loaded: Loaded, start: int, stop: int) -> Chunk:
+        """The tasks of query rows ``start:stop``."""
+        ...
+
+    def describe(self, manifest: IndexManifest) -> str:
+        """One line on a built index (after ``index PATH: ``)."""
+        ...
+
+    def summary(self, result: dict[str, Any]) -> str:
+        """One line on a finished query (`query`'s result)."""
+        ...
+
+
+# ---------------------------------------------------------------------------------- build
+
+
+#: how many times an append on object storage merges into a newer manifest and retries
+COMMIT_RETRIES = 20
+
+
+def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
+          stall: float = ClusterConfig.stall_timeout,
+          hold: list[Any] | None = None) -> IndexManifest:
+    """Run a kind's planned build on ``client``; returns the committed manifest.
+
+    A fresh build is written aside and swapped into place when complete (on object storage:
+    the manifest committed by a conditional write; an index replaced meanwhile by another job
+    fails this one, nothing kept); an append writes its segments into the index and commits the
+    new manifest.  Both hold the index lock throughout on a local disk (a concurrent append
+    waits up to ``stall`` seconds, then both land; `lshdist gc` never mistakes a running build's
+    segments for orphans).  ``hold``: see `Run`."""
+    check_worker_memory(client, plan.memory_bytes)
+    try:
+        plan.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, plan.out) from None
+    run = Run(stall=stall, hold=hold)
+    with index_lock(plan.out, timeout=stall):
+        if plan.append:
+            # another append may have landed meanwhile
+            if kind.landed(plan, read_index_manifest(plan.out)):
+                log.info("index %s: this batch is in it already, nothing to append", plan.out)
+                plan.skipped = True
+                return read_index_manifest(plan.out)
+            built = kind.build(client, plan, plan.out, run)
+            try:
+                return _commit_append(plan.out, built)
+            except BaseException:
+                remove_unnamed(plan.out, built.names)
+                raise
+        with atomic_dir(plan.out, overwrite=plan.overwrite, kind=FORMAT,
+                        inputs=plan.inputs) as tmp:
+            tag = manifest_tag(tmp)  # object storage: the index this build replaces, if any
+            old = read_index_manifest(tmp).segment_names if tag else []
+            built = kind.build(client, plan, tmp, run)
+            try:
+                new = built.manifest(None)
+                write_manifest(tmp, new, expect=tag)
+            except CommitConflict:
+                remove_unnamed(tmp, built.names)
+                raise InputError(f"index {str(plan.out)!r} was written by another job while "
+                                 "this one built it; nothing of this build was kept: run it "
+                                 "again (with --overwrite to replace that index)") from None
+            except BaseException:
+                remove_unnamed(tmp, built.names)
+                raise
+            if old:  # the replaced index's segments, once no manifest names them
+                remove_unnamed(tmp, [n for n in old if n not in set(built.names)])
+        return new
+
+
+def _commit_append(out: Path | ObjectPath, built: Built) -> IndexManifest:
+    """Swap in the manifest with the appended segments: readers see the old or the new index.
+    On object storage the write is conditional on the manifest read just before; when another
+    job committed meanwhile, the kind merges the segments into that newer manifest (checking
+    it again) and the write is retried."""
+    for attempt in range(COMMIT_RETRIES + 1):
+        current, tag = read_manifest_tagged(out)
+        new = built.manifest(current)
+        try:
+            write_manifest(out, new, expect=tag)
+            return new
+        except CommitConflict:
+            log.info("index %s: another job committed first; merging and retrying (%d)",
+                     out, attempt + 1)
+            time.sleep(min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+    raise InputError(f"index {str(out)!r}: {COMMIT_RETRIES} other commits landed during "
+                     "this append's commit; nothing was appended, run it again")
+
+
+def check_worker_memory(client: Any, segment_bytes: int) -> None:
+    """Refuse a build whose largest segment would not fit in half a worker's memory."""
+    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
+    limit = min((m for m in limits if m), default=0)
+    if limit and segment_bytes > limit // 2:
+        raise InputError(f"a segment's permutation lists need {segment_bytes / 2**30:.1f} GiB, "
+                         f"more than half a worker's memory ({limit / 2**30:.1f} GiB); lower "
+                         "--segment-rows or --permutations, or give the workers more memory")
+
+
+def workers_of(client: Any) -> list[str]:
+    """The cluster's workers, sorted (the order `spread` places by)."""
+    return sorted(client.scheduler_info().get("workers", {}))
+
+
+def submit_at(client: Any, where: str | None, fn: Any, *args: Any, **kw: Any) -> Any:
+    """``client.submit`` preferring worker ``where`` (any other when it leaves; None: any)."""
+    return client.submit(fn, *args, pure=False, retries=2,
+                         workers=None if where is None else [where],
+                         allow_other_workers=where is not None, **kw)
+
+
+def share(client: Any, fn: Any, *args: Any) -> Any:
+    """The result of ``fn(*args)`` on every worker, computed once; returns its future.
+
+    Not ``client.scatter(..., broadcast=True)``: scattered data has no recipe, so a worker lost
+    at the wrong moment cancels every task that needs it ("lost dependencies", seen in testing);
+    and not the object itself in the graph (10 MB for a 784-d explicit metric, sent with the
+    graph).  The future is recomputed if every copy is lost."""
+    fut = client.submit(fn, *args, pure=False, retries=2)
+    client.replicate([fut])
+    return fut
+
+
+# ---------------------------------------------------------------------------------- query
+
+
+def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
+          stall: float = ClusterConfig.stall_timeout, in_flight: int | None = None,
+          segments: list[Any] | None = None) -> dict[str, Any]:
+    """Run a kind's planned query on ``client``; returns ``{queries, segments, out}`` and what
+    the kind's `IndexKind.prepare` recorded.
+
+    At most ``in_flight`` query chunks (default: two per worker) are submitted at a time; a
+    chunk's intermediate results are released once its Parquet parts are written.
+    ``segments``: the index's segments already in worker memory (`build`'s ``hold``, in the
+    manifest's order; the caller releases them), else they are loaded by the kind's loaders.
+    """
+    cfg = plan.cfg
+    run = Run(stall=stall)
+    shared, loads = kind.load(client, plan)
+    if segments is not None and len(segments) != len(loads):
+        client.cancel(list(shared.values()))
+        raise InputError(f"{len(segments)} segments in memory for an index of {len(loads)}: "
+                         "pass the ones its build held")
+    if segments is None:
+        homes = spread([rows for rows, _ in loads], workers_of(client))
+        segs = [submit_at(client, w, *fn) for (_, fn), w in zip(loads, homes)]
+        loaded = Loaded(shared, segs, homes)
+    else:
+        loaded = Loaded(shared, list(segments), holders(client, segments), owned=False)
+    release = [*shared.values(), *(loaded.segments if loaded.owned else [])]
+    try:
+        plan, info = kind.prepare(client, plan, loaded, run)
+        window = in_flight or 2 * max(1, len(workers_of(client)))
+        chunks = query_chunks(plan.bounds, chunk_rows(cfg.query_chunk, cfg.k))
+        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=plan.inputs,
+                           info=info) as tmp:
+            n = _answer_chunks(client, kind, plan, loaded, chunks, str(tmp), window, stall)
+    finally:
+        client.cancel(release)
+    return {**info, "queries": n, "segments": len(loaded.segments), "out": str(plan.out)}
+
+
+def _answer_chunks(client: Any, kind: IndexKind, plan: QueryPlanLike, loaded: Loaded,
+                   chunks: list[tuple[int, int]], tmp: str, window: int, stall: float) -> int:
+    k = plan.cfg.k
+    held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
+    total, t0, finished = 0, time.perf_counter(), 0
+
+    def submit(c: int) -> None:
+        a, b = chunks[c]
+        held.update(chunk_tasks(client, c, loaded, k, kind.chunk(plan, loaded, a, b),
+                                (merge_and_write, k, tmp, c)))
+
+    def done(w: Any) -> None:
+        nonlocal total, finished
+        total += int(w.result())
+        finished += 1
+        log.info("query  [%-20s] %d/%d chunks, %.1fs", "#" * (20 * finished // len(chunks)),
+                 finished, len(chunks), time.perf_counter() - t0)
+
+    try:
+        windowed(client, held, len(chunks), submit, done, window, stall)
+    except BaseException:
+        for w, rest in held.items():
+            client.cancel([w, *rest])
+        raise
+    return total
+
+
+def sample_answer(client: Any, loaded: Loaded, k: int, chunk: Chunk, stall: float
+                  ) -> np.ndarray:
+    """The merged top-``k`` ids of one sample of queries (a recall check's): `chunk_tasks`
+    of ``chunk``, merged on a worker and returned instead of written."""
+    held = chunk_tasks(client, 0, loaded, k, chunk, (merged_ids, k))
+    ((w, rest),) = held.items()
+    try:
+        for _ in progress([w], "recall check", stall):
+            pass
+        return np.asarray(w.result())
+    finally:
+        client.cancel([w, *rest])
+
+
+def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
+                merge: tuple[Any, ...]) -> dict[Any, list[Any]]:
+    """Submit query chunk ``c``: ``chunk.encode`` once on every worker holding segments,
+    ``chunk.search`` per segment beside its worker's encoding, each worker's partial answers
+    merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function, *args after
+    the encoding and the partials) on the workers in turn.  Returns {merge future: [the chunk's
+    other futures]} for `windowed`.
+
+    No search waits for another worker's encoded queries, and one partial answer per worker
+    travels.  Sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both workers'
+    event loops copying while their searches waited (measured: the 1 M query stage 89 -> 76 s
+    on 2 workers).  The placements are preferences: a task whose worker leaves runs elsewhere,
+    with the same answers (lshdist's clusters run without work stealing,
+    `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments)."""
+    segs, homes = loaded.segments, loaded.homes
+    if not segs:
+        raise InputError("a query chunk needs at least one segment to search")
+    where = list(dict.fromkeys(homes))  # distinct, in the segments' order
+    encs = {w: submit_at(client, w, *chunk.encode) for w in where}
+    fn, *args = chunk.search
+    extra = chunk.per_segment or [()] * len(segs)
+    parts = [client.submit(fn, s, encs[h], *args, *more, pure=False, retries=2)
+             for s, h, more in zip(segs, homes, extra)]
+    mine = {w: [p for p, h in zip(parts, homes) if h == w] for w in where}
+    local = [ps[0] if len(ps) == 1 else submit_at(client, w, merge_partials, ps, k)
+             for w, ps in mine.items()]
+    at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
+    fn, *args = merge
+    w = submit_at(client, at, fn, encs[at], local, *args)
+    return {w: [*encs.values(), *parts, *local]}
+
+
+# ------------------------------------------------------------------------ chunks and placement
+
+
+#: the bytes of one segment's partial answer to one query chunk (float32 distances and int64
+#: ids, k a query) that `chunk_rows` keeps a chunk under: at k = 1,000 a 10,000-query chunk's
+#: partials took 120 MB a segment, and 20,000 queries peaked at 1.5-3x the memory of 2,000
+PARTIAL_BYTES = 16 * 2**20
+
+
+def chunk_rows(chunk: int, k: int) -> int:
+    """Queries per task: ``chunk`` (``--query-chunk``), fewer where k is large enough that a
+    segment's partial answer would exceed `PARTIAL_BYTES` (k >= 140 at the default chunk), so
+    that the query memory does not grow with k x the chunk."""
+    return int(max(1, min(chunk, PARTIAL_BYTES // (12 * max(int(k), 1)))))
+
+
+def query_chunks(bounds: Sequence[int], chunk: int) -> list[tuple[int, int]]:
+    """Row ranges ``(start, stop)`` of the query tasks: every shard (``bounds``: the first row
+    of each shard, then N) split into the fewest nearly equal pieces of at most ``chunk`` rows.
+    A piece never straddles two shards: a shard is one compressed chunk on disk, and a task
+    reading part of it decompresses all of it (measured: 1,000 rows of a 20,000-row shard
+    took 0.13 s to read against 0.012 s to encode, so 1,000-row tasks spent 10x more reading
+    the shards than all of them needed)."""
+    out: list[tuple[int, int]] = []
+    for a, b in itertools.pairwise(int(x) for x in bounds):
+        pieces = -(-(b - a) // chunk)
+        edges = np.linspace(a, b, pieces + 1).round().astype(np.int64)
+        out += [(int(x), int(y)) for x, y in itertools.pairwise(edges) if y > x]
+    return out
+
+
+def spread(sizes: Sequence[int], workers: Sequence[str]) -> list[str | None]:
+    """A worker for each segment: largest first onto the least loaded (by rows), so that every
+    worker holds about the same share of the index (a query chunk's searches run where their
+    segment is; left to the scheduler, two 500,000-row segments of a 2-worker cluster were
+    loaded by one worker, which then did all the searching).  None without workers."""
+    if not workers:
+        return [None] * len(sizes)
+    load = dict.fromkeys(workers, 0)
+    out: list[str | None] = [None] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        w = min(workers, key=lambda w: (load[w], workers.index(w)))
+        out[i] = w
+        load[w] += int(sizes[i])
+    return out
+
+
+def holders(client: Any, futures: Sequence[Any]) -> list[str | None]:
+    """The worker holding each finished future (None where none does yet)."""
+    who = client.who_has(list(futures))
+    return [min(who.get(f.key) or [None], key=str) for f in futures]
+
+
+# ---------------------------------------------------------------------------- bounded waits
+
+
+def stalled_reason(futures: Any) -> str:
+    """Why a job may have stopped, for a stall's error: workers Dask has paused (their memory
+    past its pause threshold: lshdist's clusters do not spill to disk, so a worker whose
+    segments do not fit stays paused), from the client's last view of the scheduler (no call
+    that could itself wait on a frozen scheduler); else the generic advice."""
+    generic = ("the scheduler or the workers are stalled — check them, or raise "
+               "--stall-timeout")
+    try:
+        client = next(iter(futures)).client
+        workers = dict(getattr(client, "_scheduler_identity", {}).get("workers", {}))
+    except Exception:  # no future, or a client without that view: the generic advice
+        return generic
+    paused = sorted(a for a, w in workers.items() if w.get("status") == "paused")
+    if not paused:
+        return generic
+    return (f"worker(s) {', '.join(paused)} paused: their memory passed Dask's pause "
+            "threshold (distributed.worker.memory.pause of the memory limit), and lshdist does "
+            "not spill to disk — what they hold does not fit; run more workers (--workers), "
+            "give them more memory, or build smaller segments (--segment-rows)")
+
+
+def progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
+    """Yield futures as they finish, logging a progress bar; a job where no task finishes for
+    ``stall`` seconds (a frozen scheduler or worker) fails with a `ClusterError`."""
+    from distributed import wait
+
+    pending, t0, n = set(futures), time.perf_counter(), len(futures)
+    while pending:
+        try:
+            done, pending = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            raise ClusterError(f"{what}: no task finished for {stall:.0f}s ({len(pending)} of "
+                               f"{n} waiting); {stalled_reason(pending)}") from None
+        for f in done:
+            k = n - len(pending)
+            log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, "#" * (20 * k // n), k, n,
+                     time.perf_counter() - t0)
+            yield f
+
+
+def wait_all(futures: Sequence[Any], what: str, stall: float) -> list[Any]:
+    """The results of ``futures`` in their order, waited for by `progress`."""
+    for _ in progress(futures, what, stall):
+        pass
+    return [f.result() for f in futures]
+
+
+def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[int], None],
+             done: Callable[[Any], None], window: int, stall: float) -> None:
+    """Run chunks ``0..n-1`` with at most ``window`` in flight: ``submit(c)`` puts chunk c's
+    final future in ``held`` (with its intermediate futures), ``done(future)`` takes each
+    result; a finished chunk's futures are released before the next is submitted.  A chunk
+    that does not finish for ``stall`` seconds fails the job with a `ClusterError`."""
+    from distributed import wait
+
+    nxt = 0
+    while nxt < n and len(held) < window:
+        submit(nxt)
+        nxt += 1
+    while held:
+        try:
+            finished, _ = wait(list(held), timeout=stall, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            raise ClusterError(f"query: no chunk finished for {stall:.0f}s; "
+                               f"{stalled_reason(held)}") from None
+        for w in finished:
+            done(w)
+            client.cancel(held.pop(w))  # release the chunk's encoded queries and partials
+            if nxt < n:
+                submit(nxt)
+                nxt += 1
+
