@@ -48,6 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 from numpy.typing import ArrayLike
+from zarr.codecs import BloscCodec
 
 from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_sparse
 from lshdist.embed.pointsets import PointSets
@@ -60,6 +61,13 @@ from lshdist.store.objects import ObjectPath, as_path
 from lshdist.validation import check_finite, check_labels, check_numeric_matrix
 
 log = logging.getLogger(__name__)
+
+#: the codec of a dataset's rows (dense X, sparse indices and values, point-set values):
+#: byte-shuffled LZ4.  Measured on Fashion-MNIST (10,000 x 784 float32, one chunk, one core):
+#: read 0.057 s against zarr's default zstd's 0.234 s, written in 0.25 s against 0.62, 7.6 MB
+#: against 6.3 (the read of the rows was 13 of the index stage's 71 core-s at 480k rows).
+#: Datasets written with another codec are read as they are (the codec is in their metadata).
+ROWS_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
 
 FORMAT = "lshdist-dataset"
 #: 2: shard checksums and an attributes checksum
@@ -177,7 +185,8 @@ def write_dataset(
         nnz = None
         if not isinstance(X, SparseBlock):  # kind == "dense"
             sums["X"] = _row_sums(X, bounds)
-            g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)))
+            g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)),
+                           compressors=ROWS_CODEC)
         else:
             indptr, indices, data = X.to_arrays()
             sums["X"] = _csr_sums(indptr, bounds, indices, data)
@@ -185,8 +194,8 @@ def write_dataset(
             gx = g.create_group("X")
             gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,))
             ck = (int(max(1, min(_SPARSE_CHUNK, nnz))),)
-            gx.create_array("indices", data=indices, chunks=ck)
-            gx.create_array("data", data=data, chunks=ck)
+            gx.create_array("indices", data=indices, chunks=ck, compressors=ROWS_CODEC)
+            gx.create_array("data", data=data, chunks=ck, compressors=ROWS_CODEC)
             gx.create_array("shard_bounds", data=bounds)
         if y is not None:
             g.create_array("y", data=y, chunks=(int(min(shard_rows, n)),))
@@ -254,7 +263,7 @@ def write_pointsets(
         g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         gp = g.create_group("P")
         gp.create_array("values", data=np.asarray(sets.values, np.float32),
-                        chunks=(point_chunk, d))
+                        chunks=(point_chunk, d), compressors=ROWS_CODEC)
         gp.create_array("offsets", data=np.asarray(sets.offsets, np.int64),
                         chunks=(int(min(shard_rows, n)) + 1,))
         if coords is not None:
@@ -340,7 +349,8 @@ def write_dense_shards(
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         chunk = int(min(shard_rows, n))
-        xa = g.create_array("X", shape=(n, d), dtype=np.float32, chunks=(chunk, int(d)))
+        xa = g.create_array("X", shape=(n, d), dtype=np.float32, chunks=(chunk, int(d)),
+                            compressors=ROWS_CODEC)
         ya = None
         if classes is not None:
             ya = g.create_array("y", shape=(n,), dtype=np.int32, chunks=(chunk,))
