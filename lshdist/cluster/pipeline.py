@@ -544,12 +544,14 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
     truth: list[np.ndarray] = []
     t0 = time.perf_counter()
     family_f, segs = loaded.shared["family"], loaded.segments
+    sample_f = client.submit(tasks.read_query_rows, str(qds.path), rows, family_f, pure=False,
+                             retries=2)
 
     def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
         return driver.sample_answer(
             client, loaded, cfg.k,
-            driver.Chunk((tasks.encode_query_rows, str(qds.path), rows, family_f,
-                          mode != "scan"), (tasks.search_segment, cfg.k, mode, op)), stall)
+            driver.Chunk((tasks.encode_query_rows, sample_f, family_f, mode != "scan"),
+                         (tasks.search_segment, cfg.k, mode, op)), stall)
 
     def measure(op: tuple[int, int, int] | None, estimate: float | None) -> MeasuredRecall:
         if not truth:
@@ -567,9 +569,12 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
         replanned.append(p)
         return p.mode, p.op, p.reason, p.estimate
 
-    d = enforce(mode=plan.mode, point=plan.op, estimate=plan.estimate, target=target,
-                auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
-                recalibrate=None if plan.recalibrate or cal is None else recalibrate)
+    try:
+        d = enforce(mode=plan.mode, point=plan.op, estimate=plan.estimate, target=target,
+                    auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
+                    recalibrate=None if plan.recalibrate or cal is None else recalibrate)
+    finally:
+        client.cancel([sample_f])
     if d.recall.sampled:
         log.info("recall check: %d of the %d queries answered exactly too (%.1fs, %.1f %% of "
                  "an exact scan of the queries)", d.recall.sampled, qds.n,
@@ -581,7 +586,6 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
         log.warning("%s", d.recall.line())
     base = replanned[-1] if replanned else plan
     return replace(base, mode=d.mode, op=d.point, reason=d.reason or base.reason), d.recall
-
 
 
 def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], family_f: Any,

@@ -220,15 +220,22 @@ def encode_queries(queries_path: str, start: int, stop: int, family: HashFamily,
     return codes, payload, ds.ids()[start:stop]
 
 
-def encode_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily,
-                      hashed: bool = True) -> Encoded:
-    """`encode_queries` of the rows ``rows`` (sorted row numbers) of the query dataset: the
-    sample a query job answers exactly too, to measure its own recall."""
+def read_query_rows(queries_path: str, rows: np.ndarray, family: HashFamily
+                    ) -> tuple[Any, np.ndarray]:
+    """Rows ``rows`` (sorted row numbers) of the query dataset and their ids: the sample a
+    query job answers exactly too, to measure its own recall — read once (scattered rows
+    decompress whole shards) and encoded on each worker (`encode_query_rows`)."""
     ds = open_data(queries_path, _metric(family).embedding)
     rows = np.asarray(rows, np.int64)
-    codes, payload = encode(_metric(family), family, ds.read_row_set(rows), query=True,
-                            hashed=hashed)
-    return codes, payload, np.asarray(ds.ids()[rows], np.int64)
+    return ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)
+
+
+def encode_query_rows(sample: tuple[Any, np.ndarray], family: HashFamily,
+                      hashed: bool = True) -> Encoded:
+    """`encode_queries` of the rows `read_query_rows` read."""
+    X, ids = sample
+    codes, payload = encode(_metric(family), family, X, query=True, hashed=hashed)
+    return codes, payload, ids
 
 
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,
