@@ -112,18 +112,22 @@ def test_the_calibrations_truth_prunes_and_times_the_scan_a_search_runs(monkeypa
         return real(payload, qpayload, k, **kw)
 
     monkeypatch.setattr(calibrate, "scan_topk", spy)
-    D, ids, spq = exact_truth(Z, Q, 11)
     d0, i0 = scan_topk(Z, Q, 11)
-    np.testing.assert_array_equal(ids, i0)
-    np.testing.assert_array_equal(D, d0)
-    # the truth pruned over all 700; the scan timed unpruned on the first TIMED_QUERIES
-    assert calls[0] == (700, True)
-    assert all(c == (TIMED_QUERIES, False) for c in calls[1:]) and len(calls) >= 2
-    assert spq > 0
-    # a sample too small for the bound to pay: one run, the truth's own time
+    for batch, timed in ((None, [TIMED_QUERIES]), (10_000, [100, 200])):
+        calls.clear()
+        D, ids, spq = exact_truth(Z, Q, 11, batch=batch)
+        np.testing.assert_array_equal(ids, i0)
+        np.testing.assert_array_equal(D, d0)
+        assert spq > 0
+        # every query scanned once: the rest pruned first, then the first queries by the
+        # scan a search runs (unpruned), timed -- repeated only if under MIN_TIMED_SECONDS
+        rest = 700 - sum(timed)
+        assert calls[0] == (rest, True)
+        assert sorted(set(calls[1:])) == [(n, False) for n in sorted(set(timed))]
+    # a sample too small for the bound to pay: all of it timed, after a one-query warm-up
     calls.clear()
     exact_truth(Z, Q.take(slice(0, 150)), 11)
-    assert calls[0] == (150, True) and all(c == (150, False) for c in calls[1:])
+    assert calls[0] == (1, False) and all(c == (150, False) for c in calls[1:])
 
 
 @pytest.mark.parametrize("offset", [0.0, 4096.0])
