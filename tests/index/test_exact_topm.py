@@ -161,3 +161,29 @@ def test_implicit_sparse_payload_exact_top_m(letter):
     ids = shuffled_ids(rng, len(X))
     check(make_payload(metric, X), make_payload(metric, Xq, query=True), ids, 11,
           integer_reference(X, Xq, ids, 11), BULK_QUERIES)
+
+
+def test_a_segment_not_timed_gives_the_same_neighbours(fashion):
+    # `segment_neighbours(time_scan=False)`: the segments whose scan the calibration does not
+    # time skip the timed share of the truth -- the same neighbours, no seconds
+    from lshdist.cluster.tasks import segment_neighbours
+    from lshdist.index.permutation import PermutationIndex
+    from lshdist.index.searcher import MetricIndex, encode
+
+    Xtr, _, Xte, _ = fashion
+    rng = np.random.default_rng(5)
+    X = np.asarray(Xtr[rng.choice(len(Xtr), 2_000, replace=False)], np.float32)
+    metric = ExplicitMetric.identity(784, center=X.mean(0))
+    family = MetricIndex(metric, bits=64).fit(X[:10]).family_
+    codes, payload = encode(metric, family, X)
+    seg = PermutationIndex(n_permutations=8, seed=1).fit(codes, family.bits, payload,
+                                                         shuffled_ids(rng, len(X)))
+    sample = (np.asarray(Xte[:200], np.float32), None)
+    timed = segment_neighbours(seg, sample, family, 10)
+    untimed = segment_neighbours(seg, sample, family, 10, time_scan=False)
+    assert timed[0][3] > 0 and untimed[0][3] is None
+    for a, b in zip(timed[0][:3], untimed[0][:3]):
+        np.testing.assert_array_equal(a, b)
+    ref = integer_reference(X, sample[0], seg.ids_, 11)
+    np.testing.assert_array_equal(untimed[0][1], ref[1])
+    np.testing.assert_array_equal(untimed[0][0], ref[0])
