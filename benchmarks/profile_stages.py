@@ -26,6 +26,9 @@ floor on this machine (a diagnostic, not a comparison — no peers).
 
 ``BENCH_SEGMENT_ROWS``: the index's segment_rows (default IndexConfig's; 30000 is
 `configs/fashion-mnist.yaml`'s); ``BENCH_NAME``: the results' name (default stages_<N/1000>k).
+``BENCH_INDEX_ONLY=1``: the index stage alone (no floors, query or replay; nothing written):
+its wall, task core-seconds and the calibration's, one JSON line — for paired runs of two
+checkouts (``PYTHONPATH=<checkout>``; the workers inherit it).
 """
 
 import common  # noqa: I001  (first: pins threads before numpy loads)
@@ -33,6 +36,7 @@ import common  # noqa: I001  (first: pins threads before numpy loads)
 import collections
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -44,6 +48,8 @@ from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+#: the index job's calibration tasks (their core-seconds are the calibration stage's)
+CAL_KINDS = ("calibration_sample", "segment_neighbours", "segment_grid", "calibrate_segment")
 
 
 def med(fn, repeats: int = REPEATS):
@@ -176,7 +182,8 @@ def main() -> None:
         t_learn = time.perf_counter() - t0
         print(f"learn {t_learn:.1f} s ({params.get('selected')})", flush=True)
     print(f"{N:,} x {Q:,} x {d}; load {common.loadavg()}", flush=True)
-    fl = machine_floors(work)
+    index_only = os.environ.get("BENCH_INDEX_ONLY") == "1"
+    fl = {} if index_only else machine_floors(work)
     print("one core:", {k: round(v, 2) for k, v in fl.items()}, flush=True)
 
     cfg_i = dataclasses.replace(IndexConfig(), calibration_queries=str(qs.path))
@@ -198,6 +205,16 @@ def main() -> None:
         print(f"index {wall_b:.1f} s (load {load_b}): {len(manifest['segments'])} segments, "
               f"M={manifest['permutations']}; calibration {cal.get('seconds')} s: "
               f"{cal.get('reason')}", flush=True)
+        if index_only:
+            client.cancel(held)
+            import lshdist
+            line = {"lshdist": str(Path(lshdist.__file__).parent), "N": N, "wall s": wall_b,
+                    "load": load_b, "task core s": sum(v["core s"] for v in kinds_b.values()),
+                    "calibration core s": sum(kinds_b.get(k, {}).get("core s", 0.0)
+                                              for k in CAL_KINDS),
+                    **{f"{k} core s": kinds_b.get(k, {}).get("core s", 0.0) for k in CAL_KINDS}}
+            print("INDEX_ONLY " + json.dumps(line), flush=True)
+            return
         load_q = common.loadavg()
         t0 = time.perf_counter()
         with get_task_stream(client) as ts:
@@ -235,12 +252,15 @@ def main() -> None:
     share = {p: rt[p] / sum(rt[p] for p in parts) for p in parts}
     write = core(kinds_b, "write_fitted")
     ck_share = rt["checksums"] / rt["write + checksums"]
-    cal_kinds = ("calibration_sample", "segment_neighbours", "segment_grid",
-                 "calibrate_segment")
+    cal_kinds = CAL_KINDS
     calib = core(kinds_b, *cal_kinds)
     keep = core(kinds_b, "truncated")
     tasks_b = sum(v["core s"] for v in kinds_b.values())
-    n_cal_q = int(cal.get("n_queries") or 0)
+    # the exact truth covers the whole calibration sample in every segment (its
+    # `segment_neighbours` tasks), not only the queries the calibration record counts
+    # (``n_queries``: the ones its grid used -- 200 of 1,000 at 480k)
+    from lshdist.index.calibrate import query_sample_size
+    n_cal_q = query_sample_size(Q)
     disk_total = rep["disk bytes"] * N / seg_rows
     arr_total = rep["array bytes"] * N / seg_rows
     other_b = tasks_b - fit - write - calib - keep
@@ -260,7 +280,7 @@ def main() -> None:
          "floor from": f"kept lists' prefix + order written once: {M_kept}·N·12 B at memcopy"},
         {"stage": "calibration (on the queries)", "core s": calib,
          "floor core s": 2 * n_cal_q * N * d / g32,
-         "floor from": f"exact truth of its {n_cal_q} queries: 2·q·N·d at gemm32"},
+         "floor from": f"exact truth of its {n_cal_q:,} sample queries: 2·q·N·d at gemm32"},
         {"stage": "write (Zarr)", "core s": write * (1 - ck_share),
          "floor core s": disk_total / disk,
          "floor from": f"{disk_total / 1e9:.2f} GB at disk write (fsync)"},
