@@ -46,15 +46,15 @@ def build_index(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing index")
 
     def work(job: JobConfig, args: argparse.Namespace) -> int:
-        from lshdist.cluster.pipeline import plan_build, run_build
+        from lshdist.cluster import driver, kinds
 
-        plan = plan_build(data=str(job.input("data")), model=str(job.input("model")),
-                          out=str(job.output("index")), cfg=job.index,
-                          overwrite=args.overwrite)
+        kind = kinds.for_build(job.index)
+        plan = kind.plan_build(data=str(job.input("data")), model=str(job.input("model")),
+                               out=str(job.output("index")), cfg=job.index,
+                               overwrite=args.overwrite)
         with client_from_config(job.cluster) as client:
-            m = run_build(client, plan, stall=job.cluster.stall_timeout)
-        sys.stdout.write(f"index {plan.out}: {m.rows} rows in {len(m.segments)} "
-                         "segments\n")
+            m = driver.build(client, kind, plan, stall=job.cluster.stall_timeout)
+        sys.stdout.write(f"index {plan.out}: {kind.describe(m)}\n")
         return 0
 
     return _main("build_index", p, argv, work)
@@ -68,13 +68,15 @@ def bulk_query(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace existing results")
 
     def work(job: JobConfig, args: argparse.Namespace) -> int:
-        from lshdist.cluster.pipeline import plan_query, run_query
+        from lshdist.cluster import driver, kinds
 
-        plan = plan_query(index=str(job.input("index")), queries=str(job.input("queries")),
-                          out=str(job.output("results")), cfg=job.query,
-                          overwrite=args.overwrite)
+        index = str(job.input("index"))
+        kind = kinds.for_index(index)
+        plan = kind.plan_query(index=index, source=str(job.input("queries")),
+                               out=str(job.output("results")), cfg=job.query,
+                               overwrite=args.overwrite)
         with client_from_config(job.cluster) as client:
-            r = run_query(client, plan, stall=job.cluster.stall_timeout)
+            r = driver.query(client, kind, plan, stall=job.cluster.stall_timeout)
         sys.stdout.write(f"results {r['out']}: {r['queries']} queries, mode {r['mode']}\n")
         return 0
 

@@ -23,7 +23,7 @@ from lshdist.config import load_job_config
 from lshdist.errors import InputError
 from lshdist.jobs.batch import daily_append
 from lshdist.metric.learned import ExplicitMetric
-from lshdist.store.dataset import write_dataset
+from lshdist.store.dataset import Dataset, write_dataset
 from lshdist.store.index import index_lock, list_orphans, read_manifest, segment_ids
 from lshdist.store.model import save_model
 from lshdist.store.results import read_results
@@ -85,6 +85,29 @@ def test_build_and_query_scripts(work, tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "jobs" / "build_index.py"), str(b)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr
+
+
+def test_batch_jobs_build_and_query_every_index_kind(work, tmp_path, capsys):
+    """build_index / bulk_query run on the one cluster driver: a subspace index from a job
+    config is built and queried as the permutation index is (in-process entry points)."""
+    from lshdist.jobs.batch import build_index, bulk_query
+
+    b = _config(tmp_path, "build", cluster=LOCAL)
+    raw = yaml.safe_load(b.read_text())
+    raw["index"] = {"method": "subspace", "rank": 4, "seed": 0}  # (not merged: no layout keys)
+    b.write_text(yaml.safe_dump(raw))
+    q = _config(tmp_path, "query", query={"k": 5, "mode": "scan"}, cluster=LOCAL)
+    assert build_index([str(b)]) == 0
+    assert "groups" in capsys.readouterr().out
+    assert read_manifest(work / "index")["method"] == "subspace"
+    assert bulk_query([str(q)]) == 0
+    qid, nb, _dist, _ = read_results(work / "results")
+    X = np.asarray(Dataset(work / "data").read_rows(0, 1200), np.float64)
+    ids = Dataset(work / "data").ids()
+    Q = X[:100] + 0.01
+    exact = ids[np.argsort(((Q[:, None, :] - X[None]) ** 2).sum(-1), axis=1)[:, :5]]
+    o = np.argsort(qid)
+    assert np.array_equal(nb[o], exact)  # --mode scan of every group: the exact answer
 
 
 def test_daily_idempotent_ids_and_compaction(work, tmp_path, capsys):
