@@ -110,6 +110,20 @@ def _choice(*values: str) -> Rule:
     return Rule(desc, check, str, values)
 
 
+def _kind_name() -> Rule:
+    """``--method``: permutation, subspace, or the name of an index kind added as a plug-in
+    (`lshdist.cluster.kinds`, which refuses a name no installed kind has)."""
+    desc = "permutation, subspace or the name of an installed index-kind plug-in"
+    pattern = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not pattern.fullmatch(v):
+            raise _Bad(desc)
+        return v
+
+    return Rule(desc, check, str)
+
+
 def _optional(rule: Rule) -> Rule:
     def check(v: Any) -> Any:
         return None if v is None else rule.check(v)
@@ -381,7 +395,7 @@ class IndexConfig(Section):
                                  "eh-hash: t samples of the query embedding (NIPS 2010 Lemma "
                                  "3.4; t = 1/eps'^2); default exact", metavar="t")
     seed: int = opt(0, SEED, "seed of the hash functions and permutations")
-    method: str = opt("permutation", _choice("permutation", "subspace"),
+    method: str = opt("permutation", _kind_name(),
                       "permutation: b-bit keys in permutation-sorted lists (the options "
                       "above); subspace: the spectral subspace-partition index (dense data, "
                       "an explicit or L2 model; the options below, --bits = r bits per group "
@@ -410,7 +424,8 @@ class IndexConfig(Section):
                              "index; give the target or fix them, not both")
         own = SUBSPACE_OPTIONS if self.method == "permutation" else PERMUTATION_OPTIONS
         other = "subspace" if self.method == "permutation" else "permutation"
-        clash = sorted(own & self.given_)
+        # (a plug-in kind reads what it needs of either method's options)
+        clash = sorted(own & self.given_) if self.method in ("permutation", "subspace") else []
         if clash:
             flags = ", ".join("--" + c.replace("_", "-") for c in clash)
             raise InputError(f"{flags}: only for --method {other}, but the method is "

@@ -72,8 +72,10 @@ def for_build(cfg: IndexConfig) -> IndexKind:
     for kind in kinds():
         if kind.chooses(cfg):
             return kind
-    raise InputError(f"no index kind builds method {cfg.method!r}; the kinds are "
-                     f"{', '.join(k.name for k in kinds())}")
+    plugins = [k.name for k in kinds() if k.name not in ("permutation", "hyperplane", "subspace")]
+    raise InputError(f"--method {cfg.method}: not an index kind of this lshdist (permutation, "
+                     f"subspace; plug-in kinds installed: {', '.join(plugins) or 'none'}); "
+                     f"install the plug-in that adds it, or give --method permutation")
 
 
 def for_manifest(manifest: IndexManifest, index: str) -> IndexKind:

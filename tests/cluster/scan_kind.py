@@ -134,7 +134,7 @@ class ScanKind:
     manifest = ScanManifest
 
     def chooses(self, cfg: IndexConfig) -> bool:
-        return False  # built from Python only (`--method` names the built-in kinds)
+        return cfg.method == self.name
 
     def answers(self, manifest: Any) -> bool:
         return isinstance(manifest, ScanManifest)

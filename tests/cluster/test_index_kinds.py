@@ -87,6 +87,17 @@ def test_a_kind_in_one_module_runs_on_the_driver(letter_job, tmp_path, capsys):
     q2, nb2, _, _ = read_results(tmp_path / "perm-res")
     assert (nb2[np.argsort(q2)] == got).all(axis=1).mean() > 0.995
 
+    # `lshdist index --method scan`: the plug-in found by the configuration
+    assert main(["index", "--method", "scan", "--data", str(letter_job / "train-a"), "--model",
+                 str(letter_job / "model"), "--out", str(tmp_path / "cli"), "--segment-rows",
+                 "8000", *CLUSTER]) == 0
+    assert "16000 rows in 2 segments (scan)" in capsys.readouterr().out
+    assert main(["query", "--index", str(tmp_path / "cli"), "--queries",
+                 str(letter_job / "queries"), "--out", str(tmp_path / "cli-res"), "--k", "5",
+                 *CLUSTER]) == 0
+    q3, nb3, _, _ = read_results(tmp_path / "cli-res")
+    assert np.array_equal(nb3[np.argsort(q3)], got)  # other segments, the same exact answer
+
     capsys.readouterr()
     assert main(["verify", str(idx)]) == 0
     assert main(["info", str(idx)]) == 0
@@ -111,6 +122,10 @@ def test_a_damaged_plugin_segment_is_refused_by_name(letter_job, tmp_path, capsy
 
 
 def test_kinds_are_found_by_configuration_and_manifest():
+    from lshdist.errors import InputError
+
+    with pytest.raises(InputError, match="--method nope: not an index kind of this lshdist"):
+        kinds.for_build(IndexConfig(method="nope"))
     assert kinds.for_build(IndexConfig()).name == "permutation"
     assert kinds.for_build(IndexConfig(method="subspace")).name == "subspace"
     assert kinds.for_build(IndexConfig(family="h-hash")).name == "hyperplane"

@@ -316,7 +316,8 @@ def test_sparse_model_refused_before_any_cluster(tmp_path, capsys, monkeypatch):
     (["--method", "subspace", "--target-recall", "0.9", "--probe", "2"],
      "--target-recall chooses --probe and --candidates of a subspace index; give the target"),
     (["--method", "subspace", "--rank", "0"], "expected an integer >= 1"),
-    (["--method", "cluster"], "invalid choice|expected one of"),
+    (["--method", "cluster"], "--method cluster: not an index kind of this lshdist"),
+    (["--method", "Sub space"], "expected permutation, subspace or the name of an installed"),
     (["--method", "subspace", "--rank", "49"], "rank=49: the subspaces cannot exceed"),
     (["--method", "subspace", "--append"], "--append/--batch are not supported"),
 ])
