@@ -43,6 +43,27 @@ def test_an_index_without_its_plugin_is_refused_by_name(letter_job, tmp_path):
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.cluster
+def test_a_plugin_installed_through_its_entry_point_is_found(letter_job, tmp_path):
+    """An installed package's entry point (group lshdist.index_kinds) registers the kind and
+    its manifest: a fresh `lshdist info` / `query` reads the plug-in's index."""
+    built = _build(letter_job, tmp_path / "idx")
+    dist = tmp_path / "site" / "lshdist_scan_kind-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lshdist-scan-kind\n"
+                                   "Version: 1.0\n")
+    (dist / "entry_points.txt").write_text("[lshdist.index_kinds]\nscan = scan_kind:SCAN\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{HERE}"}
+    p = subprocess.run([sys.executable, "-m", "lshdist.cli", "query", "--index", str(built),
+                        "--queries", str(letter_job / "queries"), "--out", str(tmp_path / "r"),
+                        "--k", "3", "--in-process", "--workers", "1"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "4000 queries x 4 segments" in p.stdout
+    qids, nb, _, _ = read_results(tmp_path / "r")
+    assert (nb[np.argsort(qids)] == _exact(letter_job, 3)).all(axis=1).mean() > 0.995
+
+
 def _build(job, out):
     import scan_kind
 
