@@ -353,8 +353,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
         return None
     sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed,
                              family_f, pure=False, retries=2)
-    nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, pure=False,
-                         retries=2) for seg in segments]
+    # only the first segment's scan is timed (its seconds are the calibration's, below)
+    nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0,
+                         pure=False, retries=2) for j, seg in enumerate(segments)]
     held += [sample_f, *nbr]
     for _ in driver.progress(nbr, "neighbours", stall):
         pass
