@@ -39,6 +39,7 @@ from lshdist.cluster.answers import merge_and_write, merge_partials, merged_ids
 from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
 from lshdist.errors import ClusterError, InputError
 from lshdist.store.atomic import atomic_dir, os_error
+from lshdist.store.dataset import Dataset
 from lshdist.store.index import (
     FORMAT,
     IndexManifest,
@@ -132,6 +133,24 @@ class QueryPlanLike(Protocol):
 
     @property
     def bounds(self) -> list[int]: ...  # the queries' shard boundaries (first rows, then Q)
+
+
+class DatasetQuery:
+    """What the driver reads of a planned k-NN query over a query dataset (a kind's plan class
+    derives from it): the inputs are the index, the queries and the model; the chunks follow the
+    queries' shards."""
+
+    index: Path | ObjectPath
+    queries: Dataset
+    manifest: IndexManifest
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        return (self.index, self.queries.path, self.manifest.model)
+
+    @property
+    def bounds(self) -> list[int]:
+        return [int(x) for x in self.queries.shard_bounds]
 
 
 class IndexKind(Protocol):

@@ -408,7 +408,7 @@ def build_index(client: Any, *, data: str, model: str, out: str,
 
 
 @dataclass
-class QueryPlan:
+class QueryPlan(driver.DatasetQuery):
     """A checked bulk query: everything `run_query` needs, nothing started."""
 
     index: Path | ObjectPath
@@ -422,14 +422,6 @@ class QueryPlan:
     reason: str = ""
     recalibrate: bool = False  # calibrate again on a sample of the queries first
     estimate: float | None = None  # the recall the calibration predicts at ``op``
-
-    @property
-    def inputs(self) -> tuple[Any, ...]:
-        return (self.index, self.queries.path, self.manifest.model)
-
-    @property
-    def bounds(self) -> list[int]:
-        return [int(x) for x in self.queries.shard_bounds]
 
 
 def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,

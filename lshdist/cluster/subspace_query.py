@@ -155,7 +155,7 @@ def group_truth_ranks(segment: GroupSegment, routed: tuple[np.ndarray, np.ndarra
 
 
 @dataclass
-class SubspaceQueryPlan:
+class SubspaceQueryPlan(driver.DatasetQuery):
     """A checked query of a subspace index: everything `run_subspace_query` needs."""
 
     index: Path | ObjectPath
@@ -167,14 +167,6 @@ class SubspaceQueryPlan:
     mode: str
     n_probe: int
     n_candidates: int
-
-    @property
-    def inputs(self) -> tuple[Any, ...]:
-        return (self.index, self.queries.path, self.manifest.model)
-
-    @property
-    def bounds(self) -> list[int]:
-        return [int(x) for x in self.queries.shard_bounds]
 
 
 def plan_subspace_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,

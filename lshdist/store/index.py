@@ -542,6 +542,30 @@ _PLUGIN_FIELDS = {k: _FIELDS[k] for k in ("format", "version", "model", "model_c
                                           "kind", "d", "seed", "segments", "rows", "checksum")}
 
 
+_PLUGIN_ENTRY = {k: _ENTRY_FIELDS[k] for k in ("name", "rows", "checksum")}
+
+
+def _entries(meta: dict[str, Any], path: Path | ObjectPath, where: str,
+             fields: dict[str, tuple[tuple[type, ...], str]],
+             optional: dict[str, tuple[tuple[type, ...], str]] | None = None
+             ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each segment entry of a manifest with where it is (for messages), once its fields are
+    checked, its name is one lshdist makes (inside ``segments/``) and not listed before."""
+    seen: set[str] = set()
+    for i, entry in enumerate(meta["segments"]):
+        w = f"{where}: segments[{i}]"
+        if not isinstance(entry, dict):
+            raise FormatError(f"{w} is {type(entry).__name__}, expected an object; {_REBUILD}")
+        _check_fields(entry, fields, w)
+        if optional:
+            _check_fields(entry, optional, w, required=False)
+        segment_path(path, entry["name"])
+        if entry["name"] in seen:
+            raise FormatError(f"{w}: segment {entry['name']!r} is listed twice; {_REBUILD}")
+        seen.add(entry["name"])
+        yield w, entry
+
+
 def _check_plugin(meta: dict[str, Any], path: Path | ObjectPath,
                   cls: type[KindManifest]) -> None:
     """A plug-in kind's manifest: the common head, every segment entry (name, rows >= 1,
@@ -550,18 +574,8 @@ def _check_plugin(meta: dict[str, Any], path: Path | ObjectPath,
     _check_fields(meta, _PLUGIN_FIELDS, where)
     _check_fields(meta, {"method": (_STR, "a string"), "params": ((dict,), "an object")}, where,
                   required=False)
-    seen: set[str] = set()
     total = 0
-    for i, entry in enumerate(meta["segments"]):
-        w = f"{where}: segments[{i}]"
-        if not isinstance(entry, dict):
-            raise FormatError(f"{w} is {type(entry).__name__}, expected an object; {_REBUILD}")
-        _check_fields(entry, {"name": _ENTRY_FIELDS["name"], "rows": _ENTRY_FIELDS["rows"],
-                              "checksum": _ENTRY_FIELDS["checksum"]}, w)
-        segment_path(path, entry["name"])
-        if entry["name"] in seen:
-            raise FormatError(f"{w}: segment {entry['name']!r} is listed twice; {_REBUILD}")
-        seen.add(entry["name"])
+    for w, entry in _entries(meta, path, where, _PLUGIN_ENTRY):
         if entry["rows"] < 1 or not _SHA256.fullmatch(entry["checksum"]):
             raise FormatError(f"{w}: rows={entry['rows']!r}, checksum={entry['checksum']!r}: "
                               f"expected an integer >= 1 and a sha256 hex digest; {_REBUILD}")
@@ -669,18 +683,8 @@ def _check_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> None:
     except FormatError as exc:
         raise FormatError(f"{where}: calibration={str(meta['calibration'])[:40]!r}... is not a "
                           f"calibration record ({exc})") from None
-    seen: set[str] = set()
     total = 0
-    for i, entry in enumerate(meta["segments"]):
-        w = f"{where}: segments[{i}]"
-        if not isinstance(entry, dict):
-            raise FormatError(f"{w} is {type(entry).__name__}, expected an object; {_REBUILD}")
-        _check_fields(entry, _ENTRY_FIELDS, w)
-        _check_fields(entry, _ENTRY_OPTIONAL, w, required=False)
-        segment_path(path, entry["name"])
-        if entry["name"] in seen:
-            raise FormatError(f"{w}: segment {entry['name']!r} is listed twice; {_REBUILD}")
-        seen.add(entry["name"])
+    for w, entry in _entries(meta, path, where, _ENTRY_FIELDS, _ENTRY_OPTIONAL):
         if entry["rows"] < 1 or entry["permutations"] < 1 or not _SHA256.fullmatch(
                 entry["checksum"]):
             raise FormatError(f"{w}: rows={entry['rows']!r}, permutations="

@@ -112,21 +112,13 @@ class ScanBuild:
 
 
 @dataclass
-class ScanQuery:
+class ScanQuery(driver.DatasetQuery):
     index: Path | ObjectPath
     queries: Dataset
     out: Path | ObjectPath
     cfg: QueryConfig
     overwrite: bool
     manifest: ScanManifest
-
-    @property
-    def inputs(self) -> tuple[Any, ...]:
-        return (self.index, self.queries.path, self.manifest.model)
-
-    @property
-    def bounds(self) -> list[int]:
-        return [int(x) for x in self.queries.shard_bounds]
 
 
 class ScanKind:
