@@ -179,7 +179,27 @@ def warm_kernels() -> bool:
     ix.query(X[:20], 3, mode="hash")
     ix.query(X[:20], 3, mode="scan")
     ix.index_.search(*_encoded(ix, X[:8]), 1, n_permutations=8, window=8, hamming_keep=0)
+    _warm_parquet()
     return True
+
+
+def _warm_parquet() -> None:
+    """Write a small Parquet part of the results' schema in memory: the first results a
+    worker writes otherwise pay pyarrow's Parquet module and writer set-up (measured on a
+    fresh 2-worker cluster, Fashion-MNIST's 10,000 queries: the chunk's merge-and-write 0.69 s
+    against 0.05 s once warm, on the query's critical path)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lshdist.store.results import NEIGHBORS_SCHEMA
+
+    table = pa.Table.from_pydict({f.name: np.zeros(1, f.type.to_pandas_dtype())
+                                  for f in NEIGHBORS_SCHEMA}, schema=NEIGHBORS_SCHEMA)
+    with pq.ParquetWriter(io.BytesIO(), NEIGHBORS_SCHEMA) as w:
+        w.write_table(table)
 
 
 def _encoded(ix: Any, X: Any) -> tuple[Any, Any]:

@@ -101,10 +101,12 @@ def interval(values: np.ndarray, population: int, level: float = LEVEL
 
 
 def _t975(df: int) -> float:
-    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom."""
-    from scipy.stats import t
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (scipy.special's
+    inverse of its distribution function, what ``scipy.stats.t.ppf`` computes: importing
+    scipy.stats took 0.7 s of a query job's wall time, the first time a recall was checked)."""
+    from scipy.special import stdtrit
 
-    return float(t.ppf(0.975, df))
+    return float(stdtrit(df, 0.975))
 
 
 @dataclass(frozen=True)
