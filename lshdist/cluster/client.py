@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
 import os
@@ -180,6 +181,10 @@ def warm_kernels() -> bool:
     ix.query(X[:20], 3, mode="scan")
     ix.index_.search(*_encoded(ix, X[:8]), 1, n_permutations=8, window=8, hamming_keep=0)
     _warm_parquet()
+    # the modules of the job's task functions (a task's function is imported where it is
+    # unpickled: a fresh worker's first task paid 0.6-0.9 s for these)
+    for name in ("lshdist.cluster.tasks", "lshdist.cluster.answers"):
+        importlib.import_module(name)
     return True
 
 

@@ -253,7 +253,7 @@ def test_an_append_that_loses_the_commit_race_merges_and_retries(bucket, letter,
     segments into the newer manifest and commits -- both appends are in the index."""
     import logging
 
-    import lshdist.cluster.pipeline as pipeline
+    import lshdist.cluster.driver as driver
     from lshdist.store.index import read_manifest, read_manifest_tagged, segment_ids
 
     train, test = letter_small
@@ -271,7 +271,7 @@ def test_an_append_that_loses_the_commit_race_merges_and_retries(bucket, letter,
         calls.append(index_dir)
         return stale if len(calls) == 1 else read_manifest_tagged(index_dir)
 
-    monkeypatch.setattr(pipeline, "read_manifest_tagged", first_stale)
+    monkeypatch.setattr(driver, "read_manifest_tagged", first_stale)
     with caplog.at_level(logging.INFO, logger="lshdist"):
         assert _lshdist("index", "--data", f"{root}/b1", "--model", f"{root}/model", "--out",
                         f"{root}/idx", "--append", "--in-process") == 0
