@@ -240,10 +240,11 @@ def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
     with index_lock(plan.out, timeout=stall):
         if plan.append:
             # another append may have landed meanwhile
-            if kind.landed(plan, read_index_manifest(plan.out)):
+            current = read_index_manifest(plan.out)
+            if kind.landed(plan, current):
                 log.info("index %s: this batch is in it already, nothing to append", plan.out)
                 plan.skipped = True
-                return read_index_manifest(plan.out)
+                return current
             built = kind.build(client, plan, plan.out, run)
             try:
                 return _commit_append(plan.out, built)
@@ -267,7 +268,7 @@ def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
                 remove_unnamed(tmp, built.names)
                 raise
             if old:  # the replaced index's segments, once no manifest names them
-                remove_unnamed(tmp, [n for n in old if n not in set(built.names)])
+                remove_unnamed(tmp, old)
         return new
 
 

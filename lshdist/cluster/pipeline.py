@@ -537,13 +537,16 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
     truth: list[np.ndarray] = []
     t0 = time.perf_counter()
     family_f, segs = loaded.shared["family"], loaded.segments
-    sample_f = client.submit(tasks.read_query_rows, str(qds.path), rows, family_f, pure=False,
-                             retries=2)
+    sample: list[Any] = []  # the sample's rows, read once at the first answer (a scan-mode
+    #                         job measures nothing and reads nothing)
 
     def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
+        if not sample:
+            sample.append(client.submit(tasks.read_query_rows, str(qds.path), rows, family_f,
+                                        pure=False, retries=2))
         return driver.sample_answer(
             client, loaded, cfg.k,
-            driver.Chunk((tasks.encode_query_rows, sample_f, family_f, mode != "scan"),
+            driver.Chunk((tasks.encode_query_rows, sample[0], family_f, mode != "scan"),
                          (tasks.search_segment, cfg.k, mode, op)), stall)
 
     def measure(op: tuple[int, int, int] | None, estimate: float | None) -> MeasuredRecall:
@@ -567,7 +570,7 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
                     auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
                     recalibrate=None if plan.recalibrate or cal is None else recalibrate)
     finally:
-        client.cancel([sample_f])
+        client.cancel(sample)
     if d.recall.sampled:
         log.info("recall check: %d of the %d queries answered exactly too (%.1fs, %.1f %% of "
                  "an exact scan of the queries)", d.recall.sampled, qds.n,

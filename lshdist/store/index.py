@@ -583,6 +583,10 @@ def _check_plugin(meta: dict[str, Any], path: Path | ObjectPath,
     if total != meta["rows"] or meta["d"] < 1:
         raise FormatError(f"{where}: rows={meta['rows']}, d={meta['d']}, its segments hold "
                           f"{total} rows; {_REBUILD}")
+    bad = [k for k in ("model_checksum", "checksum") if not _SHA256.fullmatch(meta[k])]
+    if bad:
+        raise FormatError(f"{where}: {', '.join(f'{k}={meta[k]!r}' for k in bad)}: expected "
+                          f"a sha256 hex digest; {_REBUILD}")
     cls.check_params(meta.get("params") or {}, where)
 
 
@@ -593,6 +597,9 @@ def write_arrays_segment(index_dir: str | os.PathLike[str], name: str,
     returns its manifest entry (name, rows, checksum over every array)."""
     if "ids" not in arrays:
         raise ValueError("a segment's arrays need 'ids' (one per row)")
+    nested = sorted(k for k in arrays if "/" in k)
+    if nested:  # `read_arrays_segment` reads the group's own arrays
+        raise ValueError(f"segment array names {nested} hold '/'; use flat names")
     segment_zarr_arrays(segment_path(index_dir, name), arrays, dict(attrs or {}))
     return KindEntry(name=name, rows=len(arrays["ids"]), checksum=_segment_checksum(arrays))
 

@@ -105,8 +105,13 @@ def test_a_good_point_is_checked_and_kept(nearcopies):
                 cfg=IndexConfig(segment_rows=5000, seed=1, calibration_queries=str(root / "q")))
     query_index(client, index=str(root / "idx-q"), queries=str(root / "q"),
                 out=str(root / "q-auto"), cfg=QueryConfig(k=10))
-    query_index(client, index=str(root / "idx-q"), queries=str(root / "q"),
-                out=str(root / "q-scan"), cfg=QueryConfig(k=10, mode="scan"))
+    from distributed import get_task_stream
+
+    with get_task_stream(client) as ts:
+        query_index(client, index=str(root / "idx-q"), queries=str(root / "q"),
+                    out=str(root / "q-scan"), cfg=QueryConfig(k=10, mode="scan"))
+    # the scan is exact: its check samples nothing and reads no sample
+    assert ts.data and not any("read_query_rows" in str(t["key"]) for t in ts.data)
     info = read_meta(root / "q-auto").info
     rec = info["measured_recall"]
     got = _recall(_answers(root, "q-auto"), _answers(root, "q-scan"))

@@ -69,6 +69,7 @@ def test_written_read_and_verified(tmp_path):
     (lambda r: r.update(rows=13), "its segments hold 12 rows"),
     (lambda r: r["segments"][0].update(rows=0), "expected an integer >= 1"),
     (lambda r: r["segments"][0].update(name="../../etc"), "is not seg-<16 hex digits>"),
+    (lambda r: r.update(model_checksum="abc"), "model_checksum='abc': expected a sha256"),
 ])
 def test_a_bad_plugin_manifest_is_refused_saying_what(tmp_path, edit, message):
     root, _ = _index(tmp_path)
@@ -95,6 +96,13 @@ def test_a_damaged_or_duplicated_segment_is_found(tmp_path):
         m2, segments=(m2.segments[0], dataclasses.replace(m2.segments[1], checksum=fresh))))
     with pytest.raises(FormatError, match="holds id 0 twice"):
         verify_index_manifest(root2)
+
+
+def test_nested_array_names_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match=r"\['X/a'\] hold '/'; use flat names"):
+        write_arrays_segment(tmp_path, new_segment_name(),
+                             {"ids": np.arange(2, dtype=np.int64), "X/a": np.ones(2)})
+    assert not (tmp_path / "segments").exists()
 
 
 def test_a_taken_or_empty_method_is_refused():
