@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
 from lshdist.errors import FormatError, InputError
 from lshdist.index.calibrate import Calibration
@@ -47,7 +47,7 @@ from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
 from lshdist.store.bounded import open_store, write_store
-from lshdist.store.dataset import repeated_id
+from lshdist.store.dataset import CHUNK_CRC_MISMATCH, repeated_id
 from lshdist.store.files import load_json
 from lshdist.store.manifest import FORMAT as FORMAT
 from lshdist.store.manifest import VERSION as VERSION
@@ -82,7 +82,8 @@ _UNCOMPRESSED = {"codes", "sorted_rows", "sorted_prefix"}
 #: shifted Fashion-MNIST rows (627 MB float32) it reads in about 0.35 s to 143 MB where
 #: byte-shuffled zstd level 1 took 0.7 s for 106 MB and zarr's automatic chunks (a few dozen
 #: columns each) 2.3 s: loading a 500,000-row segment for a query took 12 s, mostly this
-_PAYLOAD_CODEC = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+#: (and a CRC32C checked before Blosc reads a chunk: see `store.dataset.ROWS_CODEC`)
+_PAYLOAD_CODEC = (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), Crc32cCodec())
 #: bytes per chunk of a segment's arrays (whole rows; whole lists)
 _CHUNK_BYTES = 4 << 20
 
@@ -350,7 +351,9 @@ def _read_group(path: Path | ObjectPath, entry: SegmentPart, params: tuple[int, 
         state = {k: zarr_array(g, k) for k in _STATE}
         state.update({k: zarr_array(g, k) for k in _OLD_STATE if k in g})
     except Exception as exc:  # zarr raises many types for missing or broken chunks and metadata
-        failed = f"{where} is unreadable ({type(exc).__name__}: {exc}); {restore}"
+        failed = (f"{where} does not match its checksum: a chunk is damaged; {restore}"
+                  if str(exc).startswith(CHUNK_CRC_MISMATCH) else
+                  f"{where} is unreadable ({type(exc).__name__}: {exc}); {restore}")
     else:
         failed = ""
     if failed:  # raised outside the handler: no store exception chained to what a task returns

@@ -203,8 +203,8 @@ def _damaged_chunk(tmp):
     write_dataset(tmp / "src", np.random.default_rng(0).random((20, 3)), shard_rows=10)
     chunk = tmp / "src" / "X" / "c" / "1" / "0"
     chunk.write_bytes(chunk.read_bytes()[:9])
-    return ["src"], (r"cannot read shard 1 \(rows 10:20\) of X .*the dataset is corrupted, "
-                     r"re-ingest it")
+    return ["src"], (r"shard 1 \(rows 10:20\) of X does not match its checksum: a chunk is "
+                     r"damaged; the dataset is corrupted, re-ingest it")
 
 
 def _idx_no_items(tmp):
