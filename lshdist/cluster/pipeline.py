@@ -268,6 +268,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f]
+    writes: list[Any] = []
     try:
         if plan.append:
             op: dict[str, Any] = {}
@@ -280,10 +281,18 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                                   stall, data=path, shards=plan.segments[0],
                                   queries=cfg.calibration_queries, seed=cfg.seed, held=held,
                                   n_parts=len(fits), n_rows=plan.data.n)
+            # the timing task decides hash or scan; the grid alone fixes the lists kept
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
-                                  cfg.calibration_queries, pooled, pure=False, retries=2)
+                                  cfg.calibration_queries,
+                                  None if pooled is None else pooled.grid,
+                                  None if pooled is None else pooled.sample,
+                                  pure=False, retries=2)
             held.append(cal_f)
+            writes = [] if pooled is None else _write_segments(
+                client, fits, index_dir, names, pooled.kept(cfg.target_recall), path,
+                plan.segments)
+            held += writes
             for _ in driver.progress([cal_f], "calibrate", stall):
                 pass
             # the whole calibration's wall time (the segments' scans and grids too)
@@ -291,15 +300,18 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                           seconds=time.perf_counter() - t_cal)
             ref = cal.reference
             keep = ref.permutations if ref else min(p.permutations for p in cal.points)
+            if pooled is not None and keep != pooled.kept(cfg.target_recall):
+                raise RuntimeError(  # one function decides both (`calibrate.kept_lists`)
+                    f"internal error: the calibration kept {keep} lists, the segments were "
+                    f"written with {pooled.kept(cfg.target_recall)}")
             window = ref.window if ref else (cfg.window or 8)
             hkeep = ref.hamming_keep if ref else (cfg.hamming_keep or 0)
             op = {"calibration_json": cal.to_json()}
             log.info("calibration (%.1fs on %d rows, %d queries): %s — %s", cal.seconds,
                      cal.n_database, cal.n_queries, cal.mode, cal.reason)
-        writes = [client.submit(tasks.write_fitted, fit, str(index_dir), name, keep, path,
-                                shards, pure=False, retries=2)
-                  for fit, name, shards in zip(fits, names, plan.segments)]
-        held += writes
+        if not writes:  # (else written while the calibration timed its point)
+            writes = _write_segments(client, fits, index_dir, names, keep, path, plan.segments)
+            held += writes
         for _ in driver.progress(writes, "index", stall):
             pass
         entries = [f.result() for f in writes]
@@ -324,11 +336,38 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                      "window": window, "hamming_keep": hkeep}
 
 
+def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPath,
+                    names: Sequence[str], keep: int | None, path: str,
+                    segments: Sequence[tuple[int, int]]) -> list[Any]:
+    """One `write_fitted` task per fitted segment, each with its first ``keep`` lists."""
+    return [client.submit(tasks.write_fitted, fit, str(index_dir), name, keep, path, shards,
+                          pure=False, retries=2)
+            for fit, name, shards in zip(fits, names, segments)]
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A merged calibration grid (`_merged_grid`) and what the timing task reuses: the
+    calibration sample (a future: read and encoded once), the query payload's width and the
+    sample's size (the lists kept follow from the grid: `kept`)."""
+
+    grid: MergedGrid
+    sample: Any
+    width: float
+    n_queries: int
+
+    def kept(self, target: float) -> int:
+        from lshdist.index.calibrate import kept_lists, recall_margin
+
+        return kept_lists(self.grid[0], target, self.width,
+                          recall_margin(target, self.n_queries))
+
+
 def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, target: float,
                  fixed: dict[str, Any], stall: float, *, data: str | None,
                  shards: tuple[int, int] | None, queries: str | None, seed: int,
                  held: list[Any], n_parts: int, n_rows: int
-                 ) -> MergedGrid | None:
+                 ) -> Pooled | None:
     """The calibration grid of the merged answer of several segments, measured over all of
     them; None for a single searched part (its own recall@k is the answer's).
 
@@ -393,7 +432,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
                               fixed=bool(fixed.get("window")))
     # the first segment is the one calibrated (timed): its scan was timed above
     scan = next((p[3] for p in parts[0] if p[3] is not None), None)
-    return points, int(counts.sum()), [float(w) for w in weights], scan
+    return Pooled((points, int(counts.sum()), [float(w) for w in weights], scan), sample_f,
+                  float(flat[0][4]), Q)
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,
@@ -603,16 +643,19 @@ def _calibrated_on_queries(client: Any, plan: QueryPlan, segs: Sequence[Any], fa
                               seed=plan.manifest.seed, held=held,
                               n_parts=sum(e.n_parts for e in plan.manifest.segments),
                               n_rows=plan.manifest.rows)
+        f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path),
+                          family_f, plan.cfg.k, target, fixed, plan.manifest.seed,
+                          None if pooled is None else pooled.grid,
+                          None if pooled is None else pooled.sample, pure=False, retries=2)
+        held.append(f)
+        for _ in driver.progress([f], "calibrate", stall):
+            pass
+        result = f.result()
     finally:
         client.cancel(held)
-    f = client.submit(tasks.calibrate_on_queries, segs[0], str(plan.queries.path), family_f,
-                      plan.cfg.k, target, fixed, plan.manifest.seed, pooled,
-                      pure=False, retries=2)
-    for _ in driver.progress([f], "calibrate", stall):
-        pass
     # the whole calibration's wall time (the segments' scans and grids too), not only the
     # timing task's
-    cal = replace(Calibration.from_json(f.result()), seconds=time.perf_counter() - t0)
+    cal = replace(Calibration.from_json(result), seconds=time.perf_counter() - t0)
     log.info("calibration on %d of the %d queries (%.1fs): %s — %s", cal.n_queries,
              plan.queries.n, cal.seconds, cal.mode, cal.reason)
     if cal.chosen is None:

@@ -64,20 +64,26 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
                       family: HashFamily, k: int, target: float,
                       fixed: dict[str, int | None], seed: int,
                       queries_path: str | None = None,
-                      merged: MergedGrid | None = None
+                      merged: MergedGrid | None = None,
+                      sample: tuple[Any, Any] | None = None
                       ) -> dict[str, Any]:
     """Calibrate a fitted segment on a sample of the dataset ``queries_path``
     (`calibrate_on_queries`), or of its own rows (leave-one-out); ``merged``: the grid
     measured over every segment (`lshdist.cluster.pipeline._merged_grid`; None: one segment),
-    then only timed here.
+    then only timed here; ``sample``: that grid's `calibration_sample` (not read again).
     Returns the calibration as JSON (it goes into the index manifest)."""
     if queries_path is not None:
         return calibrate_on_queries(index, queries_path, family, k, target, fixed, seed,
-                                    merged)
-    ds = open_data(data_path, _metric(family).embedding)
-    start, stop = (int(ds.shard_bounds[i]) for i in shards)
-    cal = calibrate_index(index, _metric(family), family, ds.read_rows(start, stop), k=k,
-                          target=target, seed=seed, fixed=fixed, merged=merged)
+                                    merged, sample)
+    if sample is not None:  # the first segment's own rows, drawn by `calibration_sample`
+        X: Any = None
+    else:
+        ds = open_data(data_path, _metric(family).embedding)
+        start, stop = (int(ds.shard_bounds[i]) for i in shards)
+        X = ds.read_rows(start, stop)
+    cal = calibrate_index(index, _metric(family), family, X, k=k, target=target, seed=seed,
+                          fixed=fixed, merged=merged,
+                          drawn=None if sample is None else sample[0])
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=None)  # what the user fixed; the rows sampled
     return out
@@ -86,17 +92,21 @@ def calibrate_segment(index: PermutationIndex, data_path: str, shards: tuple[int
 def calibrate_on_queries(segment: PermutationIndex | PackedSegment, queries_path: str,
                          family: HashFamily, k: int, target: float,
                          fixed: dict[str, int | None], seed: int,
-                         merged: MergedGrid | None = None
+                         merged: MergedGrid | None = None,
+                         sample: tuple[Any, Any] | None = None
                          ) -> dict[str, Any]:
     """Calibrate a segment (its largest part, if packed) on a sample of the dataset
     ``queries_path`` — at build time (``--calibration-queries``, `lshdist run`) or before a
-    bulk query; returns the calibration as JSON, naming the dataset sampled."""
+    bulk query; ``sample``: the `calibration_sample` already read (the merged grid's); returns
+    the calibration as JSON, naming the dataset sampled."""
     part = parts_of(segment)[calibrated_part(segment)]
-    queries, _ = calibration_sample(None, None, queries_path, seed, family)
+    if sample is None:
+        sample = calibration_sample(None, None, queries_path, seed, family)
     m = fixed.get("permutations")
     fixed = {**fixed, "permutations": None if m is None else min(int(m), part.n_permutations_)}
-    cal = calibrate_index(part, _metric(family), family, queries, k=k, target=target,
-                          seed=seed, fixed=fixed, queries=queries, merged=merged)
+    cal = calibrate_index(part, _metric(family), family, None, k=k, target=target,
+                          seed=seed, fixed=fixed, queries=sample[0], merged=merged,
+                          drawn=sample[0])
     out = cal.to_json()
     out["extra"].update(fixed=fixed, queries=queries_path)
     return out
@@ -124,12 +134,13 @@ def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
 
 def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
                        family: HashFamily, k: int, time_scan: bool = True
-                       ) -> list[tuple[np.ndarray, np.ndarray, int, float | None]]:
+                       ) -> list[tuple[np.ndarray, np.ndarray, int, float | None, float]]:
     """The exact ``k + 1`` nearest rows (distances, ids; ids -1 past a small part's end) of
     the calibration sample (`calibration_sample`) within each searched part of a segment, the
-    part's list count, and for the part calibration times (`calibrated_part`; None for the
-    others) the scan's seconds per query — the scan `calibrate` would otherwise run again:
-    the input of `lshdist.index.calibrate.merged_relevance`.
+    part's list count, for the part calibration times (`calibrated_part`; None for the
+    others) the scan's seconds per query — the scan `calibrate` would otherwise run again —
+    and the sample's payload width (`Calibration.width`): the input of
+    `lshdist.index.calibrate.merged_relevance`.
 
     ``time_scan=False``: no part is timed (every seconds entry None; the same neighbours) —
     for the segments whose scan the calibration does not time: the timed share of the truth
@@ -139,7 +150,8 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
 
     rows, _ = sample
     _, qpayload = encode(_metric(family), family, rows, query=True)
-    out: list[tuple[np.ndarray, np.ndarray, int, float | None]] = []
+    out: list[tuple[np.ndarray, np.ndarray, int, float | None, float]] = []
+    width = float(getattr(qpayload, "width", 1))
     timed = calibrated_part(segment) if time_scan else -1
     for i, part in enumerate(parts_of(segment)):
         m = min(k + 1, len(part))
@@ -152,7 +164,7 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
         pad = k + 1 - m
         out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
                     np.pad(I, ((0, 0), (0, pad)), constant_values=-1),
-                    int(part.n_permutations_), spq))
+                    int(part.n_permutations_), spq, width))
     return out
 
 

@@ -402,6 +402,28 @@ def choose_point(points: Sequence[Point], target: float, width: float,
     return min(ok, key=lambda p: (p.cost(width), p.permutations, p.window, p.hamming_keep))
 
 
+def reference_point(points: Sequence[Point], target: float, width: float,
+                    margin: float) -> Point | None:
+    """The point a calibration's hashed search runs at (`Calibration.reference`), from its
+    grid alone: the one `select` chooses when one reaches the target plus the margin, else
+    the cheapest of the best recall there is (without the margin there, the cheapest of the
+    many points just at the target would be chosen by the sample's luck); None without
+    points.  The timing decides only hash or scan, never this point: a build writes its
+    lists (`kept_lists`) while the chosen point is still being timed."""
+    p = choose_point(points, target, width, margin)
+    if p is not None:
+        return p
+    top = max((q.recall for q in points), default=1.0)
+    return choose_point(points, min(target + margin, top), width)
+
+
+def kept_lists(points: Sequence[Point], target: float, width: float, margin: float) -> int:
+    """The lists a calibrated build keeps: its reference point's (`reference_point`), else
+    the fewest of the grid."""
+    ref = reference_point(points, target, width, margin)
+    return ref.permutations if ref is not None else min(q.permutations for q in points)
+
+
 def extend_sample(points: Sequence[Point], target: float, width: float, n: int, n_next: int,
                   answered: int, n_database: int, grid_entries: int) -> tuple[float, str]:
     """What calibrating on ``n_next`` sample queries instead of ``n`` gains, net (positive:
@@ -636,11 +658,7 @@ def calibrate(index: PermutationIndex, qrows: np.ndarray, qcodes: np.ndarray, qp
                            "why": why}
         log.info("calibration sample: %d of the %d drawn (stages %s): %s", n, Q, stages, why)
     if chosen is None and mode == "scan":
-        # the point `choose_point` would take (the target plus the margin), or the best
-        # recall there is when none reaches that: without the margin here, the cheapest of
-        # the many points just at the target is chosen by the sample's luck
-        top = max((p.recall for p in points), default=1.0)
-        best = choose_point(points, min(target + margin, top), width)
+        best = reference_point(points, target, width, margin)
         if best is not None:  # keep a timed reference for query-time targets
             best = replace(best, seconds_per_query=time_point(best))
             extra["timed"] = {**asdict(best), "rank_recall": None if best.rank_recall is None

@@ -127,7 +127,8 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
                     *, k: int, target: float, seed: int, fixed: dict[str, int | None],
                     queries: RowsLike | None = None,
                     merged: MergedGrid | None = None,
-                    n_threads: int = 1, answered: int | None = None) -> Calibration:
+                    n_threads: int = 1, answered: int | None = None,
+                    drawn: RowsLike | None = None) -> Calibration:
     """Calibrate a fitted index built on rows ``X``: a sample of its own rows as queries
     (leave-one-out), or of ``queries`` when given (rows like the real queries: a database
     whose rows have near-copies of themselves — augmented data — makes its own rows easier
@@ -135,15 +136,23 @@ def calibrate_index(index: PermutationIndex, metric: Metric, family: HashFamily,
     ``merged``: the grid of a merged answer measured over every segment
     (`lshdist.index.calibrate.calibrate`): this index is then only timed; ``answered``: the
     queries the chosen point will answer, when known (the sample is then used in stages,
-    `lshdist.index.calibrate.calibrate`)."""
+    `lshdist.index.calibrate.calibrate`).  ``drawn``: the sample's rows, already drawn as
+    this function draws them (`lshdist.cluster.tasks.calibration_sample`: of ``queries``,
+    or of ``X``, which is then not read)."""
     if queries is not None:
         Q = as_block(queries)
-        pick = sample_rows(n_rows(Q), query_sample_size(n_rows(Q)), seed)
-        Xq = take_rows(Q, pick)
-        qrows = np.full(len(pick), -1, dtype=np.int64)  # not database rows: nothing left out
+        if drawn is None:
+            pick = sample_rows(n_rows(Q), query_sample_size(n_rows(Q)), seed)
+            Xq = take_rows(Q, pick)
+        else:
+            Xq = as_block(drawn)
+        qrows = np.full(n_rows(Xq), -1, dtype=np.int64)  # not database rows: none left out
     else:
         qrows = sample_rows(len(index), SAMPLE_QUERIES, seed)
-        Xq = take_rows(as_block(X), qrows)
+        Xq = take_rows(as_block(X), qrows) if drawn is None else as_block(drawn)
+        if n_rows(Xq) != len(qrows):
+            raise InputError(f"the calibration sample has {n_rows(Xq)} rows, expected "
+                             f"{len(qrows)} of the index's own")
     qcodes, qpayload = encode(metric, family, Xq, query=True)
     # hashing a query is work the hashed search does and the scan does not (the payload,
     # with any kernel values, serves both): timed here, kernel values computed beforehand.
