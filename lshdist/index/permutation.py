@@ -14,7 +14,7 @@ from lshdist._kernels.search import (
     window_positions_bsearch,
     window_positions_merge,
 )
-from lshdist._kernels.sort import radix_argsort_u64
+from lshdist._kernels.sort import radix_argsort_u64, radix_sort_u64
 from lshdist.blocks import on_row_ranges, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
@@ -276,12 +276,13 @@ class PermutationIndex:
         # row numbers fit int32 for any segment below 2**31 rows: half the memory and disk
         sorted_rows = np.empty((M, N), dtype=np.int32 if N < 2**31 else np.int64)
 
+        rows = np.arange(N, dtype=sorted_rows.dtype)
+
         def build(lo: int, hi: int) -> None:
             for m in range(lo, hi):  # the kernels release the GIL: threads share the lists
-                prefix = permuted_prefix(codes, positions[m])
-                order = radix_argsort_u64(prefix)  # stable: ties by row, as np.argsort's
-                sorted_prefix[m] = prefix[order]
-                sorted_rows[m] = order
+                # stable: ties by row, as np.argsort's
+                sorted_prefix[m], sorted_rows[m] = radix_sort_u64(
+                    permuted_prefix(codes, positions[m]), rows)
 
         on_row_ranges(build, M, n_threads)  # the kernel and numpy's sort release the GIL
         self._set_state(

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lshdist._kernels.sort import radix_argsort_u64
+from lshdist._kernels.sort import radix_argsort_u64, radix_sort_u64
 
 
 @pytest.mark.parametrize("n, spread", [(0, 64), (1, 64), (7, 64), (5000, 64), (5000, 20),
@@ -20,3 +20,9 @@ def test_radix_argsort_is_numpys_stable_argsort(n, spread):
     got = radix_argsort_u64(keys)
     assert got.dtype == np.int64
     assert np.array_equal(got, np.argsort(keys, kind="stable"))
+    # the keys sorted by the passes themselves, and an int32 order carried alike
+    keys_before = keys.copy()
+    sk, o32 = radix_sort_u64(keys, np.arange(n, dtype=np.int32))
+    assert o32.dtype == np.int32 and sk.dtype == np.uint64
+    assert np.array_equal(o32, got) and np.array_equal(sk, keys[got])
+    assert np.array_equal(keys, keys_before)  # the input is not changed
