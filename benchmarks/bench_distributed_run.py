@@ -176,10 +176,7 @@ def main():
     train_order = np.random.default_rng(0).permutation(N)
 
     def ivf_build(nlist):
-        ix = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
-        ix.train(Ztr[np.sort(train_order[:min(N, IVF_TRAIN_PER_LIST * nlist)])])
-        ix.add(Ztr)
-        return ix
+        return common.ivf_flat(faiss, Ztr, nlist, train_order, IVF_TRAIN_PER_LIST)
 
     ivf_rows = []
     for f in IVF_FACTORS:

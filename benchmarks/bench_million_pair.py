@@ -46,7 +46,6 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WARMUP = int(os.environ.get("BENCH_WARMUP", "0"))
 NPROBES = [1, 2, 4, 8, 16]
 IVF_FACTORS = (1, 2)
-IVF_TRAIN_PER_LIST = 40
 
 
 def main() -> None:
@@ -79,7 +78,7 @@ def main() -> None:
     Zq = np.ascontiguousarray(metric.transform(qs.read_all()), np.float32)
     t_read = time.perf_counter() - t0
     db_ids = ds.ids()
-    N, d = Z.shape
+    N = len(Z)
     Zt = Zq[np.asarray(truth["queries"])]
     print(f"Gx read and transformed in {t_read:.1f} s", flush=True)
 
@@ -89,10 +88,7 @@ def main() -> None:
     order = np.random.default_rng(0).permutation(N)
 
     def ivf_build(nlist: int):
-        ix = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
-        ix.train(Z[np.sort(order[:min(N, IVF_TRAIN_PER_LIST * nlist)])])
-        ix.add(Z)
-        return ix
+        return common.ivf_flat(faiss, Z, nlist, order)
 
     sweep = []
     for f in IVF_FACTORS:

@@ -186,6 +186,20 @@ def once(fn):
     return time.perf_counter() - t0, out
 
 
+#: rows per inverted list an IVFFlat peer is trained on
+IVF_TRAIN_PER_LIST = 40
+
+
+def ivf_flat(faiss, Xdb: np.ndarray, nlist: int, train_order: np.ndarray,
+             per_list: int = IVF_TRAIN_PER_LIST):
+    """FAISS ``IVFFlat`` of ``nlist`` lists trained on the rows ``train_order[:per_list *
+    nlist]`` (a fixed random order, taken sorted), every row of ``Xdb`` added."""
+    ix = faiss.IndexIVFFlat(faiss.IndexFlatL2(Xdb.shape[1]), Xdb.shape[1], nlist)
+    ix.train(Xdb[np.sort(train_order[:min(len(Xdb), per_list * nlist)])])
+    ix.add(Xdb)
+    return ix
+
+
 # --------------------------------------------------------------------------- quality
 # recall@k: use `lshdist.evaluation.recall_at_k(found, truth, k)` (-1 padding never matches).
 
