@@ -289,10 +289,11 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                                   None if pooled is None else pooled.sample,
                                   pure=False, retries=2)
             held.append(cal_f)
-            writes = [] if pooled is None else _write_segments(
-                client, fits, index_dir, names, pooled.kept(cfg.target_recall), path,
-                plan.segments)
-            held += writes
+            written = None if pooled is None else pooled.kept(cfg.target_recall)
+            if written is not None:
+                writes = _write_segments(client, fits, index_dir, names, written, path,
+                                         plan.segments)
+                held += writes
             for _ in driver.progress([cal_f], "calibrate", stall):
                 pass
             # the whole calibration's wall time (the segments' scans and grids too)
@@ -300,10 +301,10 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                           seconds=time.perf_counter() - t_cal)
             ref = cal.reference
             keep = ref.permutations if ref else min(p.permutations for p in cal.points)
-            if pooled is not None and keep != pooled.kept(cfg.target_recall):
+            if written is not None and keep != written:
                 raise RuntimeError(  # one function decides both (`calibrate.kept_lists`)
                     f"internal error: the calibration kept {keep} lists, the segments were "
-                    f"written with {pooled.kept(cfg.target_recall)}")
+                    f"written with {written}")
             window = ref.window if ref else (cfg.window or 8)
             hkeep = ref.hamming_keep if ref else (cfg.hamming_keep or 0)
             op = {"calibration_json": cal.to_json()}
