@@ -190,7 +190,7 @@ class IndexKind(Protocol):
         ...
 
     def load(self, client: Any, plan: Any) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
-        """The futures every task shares (submitted, replicated by the driver) and, per
+        """The futures every task shares (`share`: computed once, copied where needed) and, per
         segment, ``(rows, (function, *args))`` that loads it on a worker."""
         ...
 
@@ -203,6 +203,10 @@ class IndexKind(Protocol):
     def chunk(self, plan: Any, loaded: Loaded, start: int, stop: int) -> Chunk:
         """The tasks of query rows ``start:stop``."""
         ...
+
+    # Optional (`query` looks them up): ``speculative(plan)`` -- the plan whose answers the
+    # chunks may start with while `prepare` runs (None: wait for it); ``same_answers(a, b)``
+    # -- whether two plans answer every query alike (the speculative chunks are kept).
 
     def describe(self, manifest: IndexManifest) -> str:
         """One line on a built index (after ``index PATH: ``)."""
@@ -314,15 +318,16 @@ def submit_at(client: Any, where: str | None, fn: Any, *args: Any, **kw: Any) ->
 
 
 def share(client: Any, fn: Any, *args: Any) -> Any:
-    """The result of ``fn(*args)`` on every worker, computed once; returns its future.
+    """The result of ``fn(*args)``, computed once for every worker; returns its future (each
+    worker fetches a copy when its first task that needs it is ready to run).
 
     Not ``client.scatter(..., broadcast=True)``: scattered data has no recipe, so a worker lost
     at the wrong moment cancels every task that needs it ("lost dependencies", seen in testing);
     and not the object itself in the graph (10 MB for a 784-d explicit metric, sent with the
-    graph).  The future is recomputed if every copy is lost."""
-    fut = client.submit(fn, *args, pure=False, retries=2)
-    client.replicate([fut])
-    return fut
+    graph).  The future is recomputed if every copy is lost.  Not ``client.replicate`` either:
+    it blocks the driver until the result is computed and copied (0.08 s on Fashion-MNIST's
+    model), so no task that needs it was submitted before; its dependents copy it anyway."""
+    return client.submit(fn, *args, pure=False, retries=2)
 
 
 # ---------------------------------------------------------------------------------- query
@@ -353,20 +358,67 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
     else:
         loaded = Loaded(shared, list(segments), holders(client, segments), owned=False)
     release = [*shared.values(), *(loaded.segments if loaded.owned else [])]
+    window = in_flight or 2 * max(1, len(workers_of(client)))
+    chunks = query_chunks(plan.bounds, chunk_rows(cfg.query_chunk, cfg.k))
+    ahead = getattr(kind, "speculative", lambda p: None)(plan)
     try:
-        plan, info = kind.prepare(client, plan, loaded, run)
-        window = in_flight or 2 * max(1, len(workers_of(client)))
-        chunks = query_chunks(plan.bounds, chunk_rows(cfg.query_chunk, cfg.k))
-        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=plan.inputs,
-                           info=info) as tmp:
-            n = _answer_chunks(client, kind, plan, loaded, chunks, str(tmp), window, stall)
+        if ahead is None:
+            plan, info = kind.prepare(client, plan, loaded, run)
+            with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
+                               inputs=plan.inputs, info=info) as tmp:
+                n = _answer_chunks(client, kind, plan, loaded, chunks, str(tmp), window, stall)
+        else:
+            plan, info, n = _speculated(client, kind, plan, ahead, loaded, run, chunks, window)
     finally:
         client.cancel(release)
     return {**info, "queries": n, "segments": len(loaded.segments), "out": str(plan.out)}
 
 
+def _speculated(client: Any, kind: IndexKind, plan: Any, ahead: Any, loaded: Loaded, run: Run,
+                chunks: list[tuple[int, int]], window: int) -> tuple[Any, dict[str, Any], int]:
+    """Answer the chunks with the kind's speculative plan ``ahead`` while `IndexKind.prepare`
+    (a recall check: a sample answered exactly and at the planned point) runs on a driver
+    thread, its tasks ahead of the chunks' on the workers; no worker waits for the check's
+    steps.  When the check answers with another plan (a point short of the target: the
+    queries calibrated again, or the scan), no further chunk starts, the ones running finish
+    (none still writes afterwards), their parts are removed and every chunk runs again with
+    that plan.  Returns ``(plan, info, queries)``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg = plan.cfg
+    info: dict[str, Any] = {}  # filled in before the results' manifest is written
+    pool = ThreadPoolExecutor(1, thread_name_prefix="lshdist-prepare")
+    prep = pool.submit(kind.prepare, client, plan, loaded, run)
+
+    def changed() -> bool:
+        return prep.done() and (prep.exception() is not None
+                                or not kind.same_answers(ahead, prep.result()[0]))  # type: ignore[attr-defined]
+
+    try:
+        with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite, inputs=plan.inputs,
+                           info=info) as tmp:
+            n = _answer_chunks(client, kind, ahead, loaded, chunks, str(tmp), window,
+                               run.stall, stop=changed, priority=-1)
+            final, recorded = prep.result()  # raises what the check raised
+            info.update(recorded)
+            if not kind.same_answers(ahead, final):  # type: ignore[attr-defined]
+                log.info("query: the recall check changed the plan; the chunks answered "
+                         "before it are answered again")
+                for sub in ("neighbors", "stats"):
+                    for part in (tmp / sub).glob("part-*.parquet"):
+                        part.unlink()
+                n = _answer_chunks(client, kind, final, loaded, chunks, str(tmp), window,
+                                   run.stall)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return final, info, n
+
+
 def _answer_chunks(client: Any, kind: IndexKind, plan: QueryPlanLike, loaded: Loaded,
-                   chunks: list[tuple[int, int]], tmp: str, window: int, stall: float) -> int:
+                   chunks: list[tuple[int, int]], tmp: str, window: int, stall: float, *,
+                   stop: Callable[[], bool] | None = None, priority: int = 0) -> int:
+    """Answer ``chunks`` into the results directory ``tmp``; returns the queries answered.
+    ``stop``: no chunk starts once it says so (the running ones finish)."""
     k = plan.cfg.k
     held: dict[Any, list[Any]] = {}  # writer future -> the chunk's intermediate futures
     total, t0, finished = 0, time.perf_counter(), 0
@@ -374,7 +426,7 @@ def _answer_chunks(client: Any, kind: IndexKind, plan: QueryPlanLike, loaded: Lo
     def submit(c: int) -> None:
         a, b = chunks[c]
         held.update(chunk_tasks(client, c, loaded, k, kind.chunk(plan, loaded, a, b),
-                                (merge_and_write, k, tmp, c)))
+                                (merge_and_write, k, tmp, c), priority=priority))
 
     def done(w: Any) -> None:
         nonlocal total, finished
@@ -384,7 +436,7 @@ def _answer_chunks(client: Any, kind: IndexKind, plan: QueryPlanLike, loaded: Lo
                  finished, len(chunks), time.perf_counter() - t0)
 
     try:
-        windowed(client, held, len(chunks), submit, done, window, stall)
+        windowed(client, held, len(chunks), submit, done, window, stall, stop=stop)
     except BaseException:
         for w, rest in held.items():
             client.cancel([w, *rest])
@@ -407,7 +459,7 @@ def sample_answer(client: Any, loaded: Loaded, k: int, chunk: Chunk, stall: floa
 
 
 def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
-                merge: tuple[Any, ...]) -> dict[Any, list[Any]]:
+                merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
     """Submit query chunk ``c``: ``chunk.encode`` once on every worker holding segments,
     ``chunk.search`` per segment beside its worker's encoding, each worker's partial answers
     merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function, *args after
@@ -419,22 +471,25 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
     event loops copying while their searches waited (measured: the 1 M query stage 89 -> 76 s
     on 2 workers).  The placements are preferences: a task whose worker leaves runs elsewhere,
     with the same answers (lshdist's clusters run without work stealing,
-    `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments)."""
+    `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments).  ``priority``: Dask's
+    (a worker runs its ready tasks of higher priority first)."""
     segs, homes = loaded.segments, loaded.homes
     if not segs:
         raise InputError("a query chunk needs at least one segment to search")
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
-    encs = {w: submit_at(client, w, *chunk.encode) for w in where}
+    encs = {w: submit_at(client, w, *chunk.encode, priority=priority) for w in where}
     fn, *args = chunk.search
     extra = chunk.per_segment or [()] * len(segs)
-    parts = [client.submit(fn, s, encs[h], *args, *more, pure=False, retries=2)
+    parts = [client.submit(fn, s, encs[h], *args, *more, pure=False, retries=2,
+                           priority=priority)
              for s, h, more in zip(segs, homes, extra)]
     mine = {w: [p for p, h in zip(parts, homes) if h == w] for w in where}
-    local = [ps[0] if len(ps) == 1 else submit_at(client, w, merge_partials, ps, k)
+    local = [ps[0] if len(ps) == 1 else submit_at(client, w, merge_partials, ps, k,
+                                                  priority=priority)
              for w, ps in mine.items()]
     at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
     fn, *args = merge
-    w = submit_at(client, at, fn, encs[at], local, *args)
+    w = submit_at(client, at, fn, encs[at], local, *args, priority=priority)
     return {w: [*encs.values(), *parts, *local]}
 
 
@@ -542,15 +597,18 @@ def wait_all(futures: Sequence[Any], what: str, stall: float) -> list[Any]:
 
 
 def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[int], None],
-             done: Callable[[Any], None], window: int, stall: float) -> None:
+             done: Callable[[Any], None], window: int, stall: float, *,
+             stop: Callable[[], bool] | None = None) -> None:
     """Run chunks ``0..n-1`` with at most ``window`` in flight: ``submit(c)`` puts chunk c's
     final future in ``held`` (with its intermediate futures), ``done(future)`` takes each
     result; a finished chunk's futures are released before the next is submitted.  A chunk
-    that does not finish for ``stall`` seconds fails the job with a `ClusterError`."""
+    that does not finish for ``stall`` seconds fails the job with a `ClusterError`.
+    ``stop``: asked before each submit; once true, the chunks in flight finish and no other
+    starts."""
     from distributed import wait
 
     nxt = 0
-    while nxt < n and len(held) < window:
+    while nxt < n and len(held) < window and not (stop and stop()):
         submit(nxt)
         nxt += 1
     while held:
@@ -562,7 +620,7 @@ def windowed(client: Any, held: dict[Any, list[Any]], n: int, submit: Callable[[
         for w in finished:
             done(w)
             client.cancel(held.pop(w))  # release the chunk's encoded queries and partials
-            if nxt < n:
+            if nxt < n and not (stop and stop()):
                 submit(nxt)
                 nxt += 1
 

@@ -263,11 +263,19 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     bounds = plan.data.shard_bounds
     where = driver.spread([int(bounds[b] - bounds[a]) for a, b in plan.segments],
                           driver.workers_of(client))
+    # a fresh build of several segments calibrates on a sample read first: it runs while the
+    # fits do (ahead of them on one worker, which the uneven fits leave waiting anyway), so
+    # the segments' scans of it start as soon as each fit ends
+    sample_f = None
+    if not plan.append and len(plan.segments) > 1:
+        sample_f = client.submit(tasks.calibration_sample, path, plan.segments[0],
+                                 cfg.calibration_queries, cfg.seed, family_f, pure=False,
+                                 retries=2, priority=1)
     fits = [driver.submit_at(client, w, tasks.fit_segment, path, shards, family_f, lists,
                              None if lists else cfg.epsilon, cfg.seed)
             for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
-    held = [*fits, family_f]
+    held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
     writes: list[Any] = []
     try:
         if plan.append:
@@ -280,7 +288,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             pooled = _merged_grid(client, fits, family_f, cfg.k, cfg.target_recall, fixed,
                                   stall, data=path, shards=plan.segments[0],
                                   queries=cfg.calibration_queries, seed=cfg.seed, held=held,
-                                  n_parts=len(fits), n_rows=plan.data.n)
+                                  n_parts=len(fits), n_rows=plan.data.n, sample_f=sample_f)
             # the timing task decides hash or scan; the grid alone fixes the lists kept
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
@@ -367,7 +375,7 @@ class Pooled:
 def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, target: float,
                  fixed: dict[str, Any], stall: float, *, data: str | None,
                  shards: tuple[int, int] | None, queries: str | None, seed: int,
-                 held: list[Any], n_parts: int, n_rows: int
+                 held: list[Any], n_parts: int, n_rows: int, sample_f: Any = None
                  ) -> Pooled | None:
     """The calibration grid of the merged answer of several segments, measured over all of
     them; None for a single searched part (its own recall@k is the answer's).
@@ -380,7 +388,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     re-ranked per query over all segments (`pooled_points`) — exactly, for the sample, with
     no assumption that the segments are alike.  A true neighbour is usually among the first
     few of its own segment, so every segment searches less than for its own recall@k.
-    Windows widen while no point reaches the target (`widen_windows`, as in `calibrate`)."""
+    Windows widen while no point reaches the target (`widen_windows`, as in `calibrate`).
+    ``sample_f``: the `calibration_sample` of these arguments, submitted already."""
     from lshdist.index.calibrate import (
         grid_axes,
         merged_relevance,
@@ -391,8 +400,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
 
     if n_parts < 2:
         return None
-    sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed,
-                             family_f, pure=False, retries=2)
+    if sample_f is None:
+        sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed,
+                                 family_f, pure=False, retries=2)
     # only the first segment's scan is timed (its seconds are the calibration's, below)
     nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0,
                          pure=False, retries=2) for j, seg in enumerate(segments)]
@@ -740,6 +750,17 @@ class PermutationKind:
                                                    plan.op))
         return plan, {"mode": plan.mode, "operating_point": op, "reason": plan.reason,
                       "measured_recall": None if recall is None else recall.to_json()}
+
+    def speculative(self, plan: QueryPlan) -> QueryPlan | None:
+        """A hashed query whose recall is checked (and not calibrated again first) starts its
+        chunks at the planned point while the check runs: the check keeps that point unless
+        it falls short of the target."""
+        if plan.mode != "hash" or plan.recalibrate or not plan.cfg.check_recall:
+            return None
+        return plan
+
+    def same_answers(self, a: QueryPlan, b: QueryPlan) -> bool:
+        return (a.mode, a.op) == (b.mode, b.op)
 
     def chunk(self, plan: QueryPlan, loaded: driver.Loaded, start: int, stop: int
               ) -> driver.Chunk:

@@ -1,7 +1,7 @@
 """Queries of a subspace-partition index on Dask (``lshdist query`` of an index built with
 ``lshdist index --method subspace``, `lshdist.cluster.subspace`).
 
-The model and the router are loaded once on a worker each and replicated; the group
+The model and the router are loaded once on a worker each (`share`) and copied; the group
 segments are loaded (verified) spread over the workers.  Per query chunk one task maps the
 queries to ``G x``, routes them (`probe_mask`: the ``n_probe`` nearest subspaces, more while
 they hold fewer than k rows), one task per (chunk, group) runs where the group lives and

@@ -4,7 +4,8 @@ Layout of a dataset directory::
 
     zarr.json                group attributes: format, version, N, d, kind, nnz, shard_rows,
                              classes (label names or null)
-    X                        dense: float32 (N, d), chunked (shard_rows, d): a chunk is a shard
+    X                        dense: float32 (N, d), or uint8 for byte values (format 3),
+                             chunked (shard_rows, d): a chunk is a shard
     X/indptr, X/indices,     sparse CSR: int64 (N+1,), uint64 (nnz,), float32 (nnz,)
     X/data, X/shard_bounds   int64 (n_shards+1,): the first row of every shard, then N
     P/values, P/offsets,     point sets (kind "pointsets"): float32 (T, d) local features of
@@ -77,6 +78,11 @@ CHUNK_CRC_MISMATCH = "Stored and computed checksum do not match"
 FORMAT = "lshdist-dataset"
 #: 2: shard checksums and an attributes checksum
 VERSION = 2
+#: 3: as 2, a dense ``X`` of byte values (every value an integer in 0..255, e.g. pixels) is
+#: stored as uint8 and read as float32 -- the same rows from a quarter of the bytes to
+#: decompress and checksum (Fashion-MNIST, 30,000 rows: read 0.152 -> 0.059 s); datasets of
+#: other values are still written as version 2
+BYTES_VERSION = 3
 #: a dataset written before the checksums (read only with ``legacy=True``)
 LEGACY_VERSION = 1
 #: attributes the writers set themselves (a caller's ``attrs`` cannot replace the seals)
@@ -146,7 +152,9 @@ def write_dataset(
     Parameters
     ----------
     X : ndarray (N, d), scipy sparse matrix (N, d) or `SparseBlock` (N, features)
-        Rows.  Dense data is stored as float32; sparse data as CSR with uint64 feature ids.
+        Rows.  Dense data is stored as float32 (as uint8 when every value is an integer in
+        0..255: read back as the same float32 rows); sparse data as CSR with uint64 feature
+        ids.
     y : array (N,), optional
         Integer label codes when ``classes`` is given, otherwise any labels (their sorted unique
         values, as strings, become ``classes``).
@@ -176,8 +184,10 @@ def write_dataset(
         if d is None:
             d = HASHED_D
     else:
+        raw = X
         X = check_numeric_matrix(X)
         kind, (n, d) = "dense", X.shape
+        X = _stored_rows(raw, X)
     y, classes = _label_codes(y, n, classes)
     ids = _row_ids(ids, n)
 
@@ -208,7 +218,7 @@ def write_dataset(
         g.attrs.update(_sealed(
             {
                 "format": FORMAT,
-                "version": VERSION,
+                "version": _version_of(X),
                 "N": int(n),
                 "d": int(d),
                 "kind": kind,
@@ -326,6 +336,34 @@ def repeated_id(ids: np.ndarray) -> tuple[int, int, int] | None:
     return int(ranked[i]), int(order[i]), int(order[i + 1])
 
 
+def _byte_valued(X: np.ndarray, block: int = 8192) -> bool:
+    """Whether every value of float rows ``X`` is an integer in 0..255 (read in blocks of
+    rows: no copy of the whole array)."""
+    for lo in range(0, X.shape[0], block):
+        B = X[lo:lo + block]
+        if B.size and (B.min() < 0 or B.max() > 255 or not np.array_equal(B, np.rint(B))):
+            return False
+    return True
+
+
+def _stored_rows(raw: Any, X: np.ndarray) -> np.ndarray:
+    """The dense rows as stored: uint8 when every value is a byte value (a uint8 input, or
+    floats that all are; read back as the same float32 rows), else ``X`` (float32)."""
+    a = raw if isinstance(raw, np.ndarray) else None
+    if a is not None and a.dtype == np.uint8 and a.ndim == 2:
+        return np.ascontiguousarray(a)
+    if a is not None and a.dtype.kind in "iu" and a.size and a.min() >= 0 and a.max() <= 255:
+        return np.ascontiguousarray(a, dtype=np.uint8)
+    if a is not None and a.dtype.kind in "iu":
+        return X
+    return X.astype(np.uint8) if _byte_valued(X) else X
+
+
+def _version_of(X: Any) -> int:
+    """The format version a dataset of rows ``X`` (as stored) is written with."""
+    return BYTES_VERSION if isinstance(X, np.ndarray) and X.dtype == np.uint8 else VERSION
+
+
 def write_dense_shards(
     path: str | os.PathLike[str],
     shards: Iterable[tuple[np.ndarray, np.ndarray | None]],
@@ -336,11 +374,13 @@ def write_dense_shards(
     classes: list[str] | None = None,
     overwrite: bool = False,
     attrs: dict[str, Any] | None = None,
+    dtype: Any = np.float32,
 ) -> Dataset:
     """Write a dense dataset of ``n`` rows shard by shard, atomically, never holding more than
     one shard: ``shards`` yields ``(X (rows, d), y (rows,) or None)`` of exactly ``shard_rows``
     rows each (the last one the remainder); ids are ``0..n-1``, labels integer codes into
-    ``classes``.  The same layout `write_dataset` writes.
+    ``classes``.  The same layout `write_dataset` writes.  ``dtype``: how the rows are stored,
+    float32 or uint8 (every value must then be an integer in 0..255; read back as float32).
 
     Raises
     ------
@@ -350,11 +390,14 @@ def write_dense_shards(
     """
     if not isinstance(shard_rows, (int, np.integer)) or shard_rows < 1 or n < 1 or d < 1:
         raise InputError(f"n={n}, d={d}, shard_rows={shard_rows}: all must be integers >= 1")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.uint8)):
+        raise InputError(f"dtype={dtype}: dense rows are stored as float32 or uint8")
     bounds = _shard_bounds(int(n), int(shard_rows))
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-dataset") as tmp:
         g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         chunk = int(min(shard_rows, n))
-        xa = g.create_array("X", shape=(n, d), dtype=np.float32, chunks=(chunk, int(d)),
+        xa = g.create_array("X", shape=(n, d), dtype=dtype, chunks=(chunk, int(d)),
                             compressors=ROWS_CODEC)
         ya = None
         if classes is not None:
@@ -372,6 +415,11 @@ def write_dense_shards(
             X = check_numeric_matrix(X)
             if X.shape != (hi - lo, d):
                 raise InputError(f"shard {i} has shape {X.shape}, expected ({hi - lo}, {d})")
+            if dtype == np.uint8:
+                if not _byte_valued(X):
+                    raise InputError(f"shard {i} holds values that are not integers in 0..255; "
+                                     "they cannot be stored as uint8 (store them as float32)")
+                X = X.astype(np.uint8)
             xa[lo:hi] = X
             sums["X"].append(shard_digest(X))
             if ya is not None:
@@ -385,8 +433,9 @@ def write_dense_shards(
             i += 1
         if i != len(bounds) - 1:
             raise InputError(f"the shards hold {int(bounds[i])} rows, expected n={n}")
-        g.attrs.update(_sealed({"format": FORMAT, "version": VERSION, "N": int(n),
-                                "d": int(d), "kind": "dense", "nnz": None,
+        g.attrs.update(_sealed({"format": FORMAT,
+                                "version": BYTES_VERSION if dtype == np.uint8 else VERSION,
+                                "N": int(n), "d": int(d), "kind": "dense", "nnz": None,
                                 "shard_rows": int(shard_rows),
                                 "n_shards": int(len(bounds) - 1), "classes": classes},
                                sums, attrs))
@@ -489,12 +538,12 @@ class Dataset:
                 f"{LEGACY_VERSION}, without checksums): its shards cannot be verified; convert it "
                 f"with `lshdist ingest {self.path!s} --out NEW` (read once, unchecked) or "
                 "ingest its source files again")
-        if version not in (VERSION, LEGACY_VERSION):
+        if version not in (VERSION, BYTES_VERSION, LEGACY_VERSION):
             raise FormatError(
                 f"{str(self.path)!r} has dataset format version {version!r}; "
-                f"this lshdist reads version {VERSION}"
+                f"this lshdist reads versions {LEGACY_VERSION} to {BYTES_VERSION}"
             )
-        if version == VERSION:
+        if version != LEGACY_VERSION:
             digest = attrs_checksum(attrs)
             if attrs.get("checksum") != digest:
                 raise FormatError(
@@ -535,9 +584,10 @@ class Dataset:
         g, n, d = self._group, self.n, int(self.attrs["d"])
         if self.stored_kind == "dense":
             xa = self._array("X")
-            if tuple(xa.shape) != (n, d) or xa.dtype != np.float32:
+            want = np.uint8 if self.attrs.get("version") == BYTES_VERSION else np.float32
+            if tuple(xa.shape) != (n, d) or xa.dtype != want:
                 raise self._damaged(f"X is {xa.dtype} {tuple(xa.shape)}, the attributes say "
-                                    f"float32 ({n}, {d})")
+                                    f"{np.dtype(want)} ({n}, {d})")
         elif self.stored_kind == "pointsets":
             specs = {"P/values": (np.float32, (self.nnz, d)), "P/offsets": (np.int64, (n + 1,))}
             if "P/coords" in g:
@@ -625,18 +675,21 @@ class Dataset:
         s = off[start - lo:stop - lo + 1]
         return s - s[0], [a[s[0] - base:s[-1] - base] for a in arrays]
 
-    def _dense_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of a dense X, read shard by shard, each checked."""
+    def _dense_rows(self, start: int, stop: int, take: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """Rows ``start:stop`` of a dense X (float32, whatever it is stored as), read shard
+        by shard, each checked; ``take``: only these of them (numbered from ``start``)."""
         i0, i1 = self._covering(start, stop)
         b = self.shard_bounds
         if i1 == i0:
-            return np.zeros((0, self.d), np.float32)
+            return np.zeros((0 if take is None else len(take), self.d), np.float32)
         lo = int(b[i0])
         (X,) = self._read_spans([self._array("X")], lo, int(b[i1]), [
             (i, int(b[i]), int(b[i + 1])) for i in range(i0, i1)], "X")
         for i in range(i0, i1):
             self._check_shard("X", i, X[int(b[i]) - lo:int(b[i + 1]) - lo])
-        return np.ascontiguousarray(X[start - lo:stop - lo], dtype=np.float32)
+        rows = X[start - lo:stop - lo]
+        return np.ascontiguousarray(rows if take is None else rows[take], dtype=np.float32)
 
     def _read_spans(self, sources: list[zarr.Array[Any]], lo: int, hi: int,
                     shards: list[tuple[int, int, int]], name: str) -> list[np.ndarray]:
@@ -877,6 +930,9 @@ class Dataset:
             raise self._refuse_sets()
 
         def take(part: tuple[int, int, np.ndarray]) -> Block:
+            if self.kind == "dense":  # taken before they become float32
+                with self._reading(f"rows {part[0]}:{part[1]} of X"):
+                    return self._dense_rows(part[0], part[1], part[2])
             return take_rows(self.read_rows(part[0], part[1]), part[2])
 
         spans = list(self._rows_by_shard(rows))

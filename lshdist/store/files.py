@@ -20,10 +20,30 @@ from typing import Any
 from lshdist.errors import FormatError
 from lshdist.store.objects import ObjectPath, is_url, local_path
 
-__all__ = ["MAX_JSON_BYTES", "check_file", "load_json", "local_path", "read_bounded"]
+__all__ = ["MAX_JSON_BYTES", "check_file", "dump_json", "load_json", "local_path", "read_bounded"]
 
 #: a manifest (zarr.json, model.json, index.json, results.json) larger than this is refused
 MAX_JSON_BYTES = 64 * 2**20
+
+
+def dump_json(obj: Any, depth: int = 3) -> str:
+    """JSON text of a manifest, for people and fast: the first ``depth`` levels of dicts and
+    lists one entry per line, anything deeper on its line.  (``json.dumps(indent=...)`` runs
+    Python's own encoder over every value: 0.1 s for an index manifest with its 900
+    calibration points, on the driver while the workers waited.)"""
+    return _dump(obj, depth, "")
+
+
+def _dump(value: Any, depth: int, pad: str) -> str:
+    inner = pad + "  "
+    if depth > 0 and isinstance(value, dict) and value:
+        rows = [f"{inner}{json.dumps(str(k))}: {_dump(v, depth - 1, inner)}"
+                for k, v in value.items()]
+        return "{\n" + ",\n".join(rows) + f"\n{pad}}}"
+    if depth > 0 and isinstance(value, list) and value:
+        rows = [inner + _dump(v, depth - 1, inner) for v in value]
+        return "[\n" + ",\n".join(rows) + f"\n{pad}]"
+    return json.dumps(value)
 
 
 class _ObjectStat:

@@ -48,7 +48,7 @@ from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
 from lshdist.store.bounded import open_store, write_store
 from lshdist.store.dataset import CHUNK_CRC_MISMATCH, repeated_id
-from lshdist.store.files import load_json
+from lshdist.store.files import dump_json, load_json
 from lshdist.store.manifest import FORMAT as FORMAT
 from lshdist.store.manifest import VERSION as VERSION
 from lshdist.store.manifest import AnyManifest as AnyManifest
@@ -418,7 +418,7 @@ def write_manifest(index_dir: str | os.PathLike[str],
     canon["checksum"] = manifest_checksum(canon)
     root = as_path(index_dir)
     _check_any(canon, root)
-    text = json.dumps(canon, indent=2)
+    text = dump_json(canon)
     if isinstance(root, ObjectPath):
         (root / MANIFEST).put(text.encode(), if_none_match=expect == ABSENT,
                               if_match=expect or None)

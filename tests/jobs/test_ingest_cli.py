@@ -92,7 +92,7 @@ def test_info_text_and_json(tmp_path, capsys, small):
     code, out, _ = run(capsys, "info", "--json", tmp_path / "ds")
     info = json.loads(out)
     assert code == 0 and info["N"] == 10 and info["class_names"] == ["a", "b"]
-    assert info["format"] == "lshdist-dataset v2"
+    assert info["format"] == "lshdist-dataset v3"  # byte values: stored as uint8
 
 
 def test_reshard_and_overwrite(tmp_path, capsys, small):

@@ -128,7 +128,7 @@ def test_a_failure_inside_the_write_leaves_nothing(tmp_path, monkeypatch):
 
 @pytest.fixture
 def dataset(tmp_path) -> Path:
-    X = np.arange(40, dtype=np.float32).reshape(20, 2)
+    X = np.arange(40, dtype=np.float32).reshape(20, 2) + 0.5  # float32 rows (not bytes)
     return write_dataset(tmp_path / "ds", X, np.arange(20) % 3, shard_rows=10).path
 
 
@@ -165,7 +165,7 @@ def test_newer_format_version(dataset):
     meta["attributes"]["version"] = 99
     (dataset / "zarr.json").write_text(json.dumps(meta))
     with pytest.raises(
-        FormatError, match="dataset format version 99; this lshdist reads version 2"
+        FormatError, match="dataset format version 99; this lshdist reads versions 1 to 3"
     ):
         Dataset(dataset)
 
@@ -182,7 +182,7 @@ def test_damaged_chunk_is_a_format_error(dataset):
     chunk = dataset / "X" / "c" / "1" / "0"
     chunk.write_bytes(chunk.read_bytes()[:7])
     ds = Dataset(dataset)
-    np.testing.assert_array_equal(ds.read_shard(0)[0], [0, 1])  # the intact shard still reads
+    np.testing.assert_array_equal(ds.read_shard(0)[0], [0.5, 1.5])  # the intact shard still reads
     with pytest.raises(FormatError,
                        match=r"shard 1 \(rows 10:20\) of X does not match its checksum: a chunk "
                              r"is damaged; the dataset is corrupted, re-ingest it"):
@@ -280,7 +280,7 @@ def test_verify_reads_everything(tmp_path, reseal):
     reseal(path)
     with pytest.raises(FormatError, match="rows 0:2 of X hold NaN or infinite values"):
         Dataset(path).verify()
-    dense = write_dataset(tmp_path / "d", np.ones((5, 2)), shard_rows=2).path
+    dense = write_dataset(tmp_path / "d", np.full((5, 2), 0.5), shard_rows=2).path
     Dataset(dense).verify()
     gd = zarr.open_group(str(dense), mode="r+")
     gd["X"][3, 1] = np.inf
@@ -321,3 +321,73 @@ def test_write_dense_shards_equals_write_dataset(tmp_path):
         write_dense_shards(tmp_path / "bad", iter([(X[:10], y[:10])]), n=25, d=4,
                            shard_rows=10, classes=["a", "b", "c"])
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("make", [lambda a: a.astype(np.uint8), lambda a: a.astype(np.float32),
+                                  lambda a: a.astype(np.int64)])
+def test_byte_values_are_stored_as_bytes(tmp_path, make):
+    """Rows whose every value is an integer in 0..255 (a uint8 input, or floats or ints that
+    all are) are stored as uint8 in a format-3 dataset and read back as the same float32 rows;
+    a damaged byte chunk is refused by its checksum like any other."""
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, size=(23, 7))
+    ds = write_dataset(tmp_path / "b", make(pixels), shard_rows=10)
+    assert ds.attrs["version"] == 3
+    assert zarr.open_array(tmp_path / "b" / "X", mode="r").dtype == np.uint8
+    got = ds.read_rows(0, 23)
+    assert got.dtype == np.float32 and np.array_equal(got, pixels.astype(np.float32))
+    rows = np.array([0, 4, 9, 10, 22])
+    assert np.array_equal(ds.read_row_set(rows), pixels[rows].astype(np.float32))
+    assert np.array_equal(ds.read_shard(2), pixels[20:].astype(np.float32))
+    ds.verify()
+    chunk = tmp_path / "b" / "X" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[-5] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"shard 1 \(rows 10:20\) of X"):
+        Dataset(tmp_path / "b").read_rows(10, 20)
+
+
+@pytest.mark.parametrize("X", [np.array([[0.5, 1.0]], np.float32), np.array([[256.0, 1.0]]),
+                               np.array([[-1, 3]]), np.array([[300, 3]])])
+def test_other_values_stay_float32(tmp_path, X):
+    ds = write_dataset(tmp_path / "f", X)
+    assert ds.attrs["version"] == 2
+    assert zarr.open_array(tmp_path / "f" / "X", mode="r").dtype == np.float32
+    assert np.array_equal(ds.read_all(), X.astype(np.float32))
+
+
+def test_byte_dataset_whose_x_is_not_bytes(tmp_path):
+    """A format-3 dataset's X must be uint8: float32 rows there are refused as damage."""
+    write_dataset(tmp_path / "b", np.full((4, 2), 7, np.uint8))
+    write_dataset(tmp_path / "f", np.full((4, 2), 7.5, np.float32))
+    for f in (tmp_path / "b" / "X").rglob("*"):
+        if f.is_file():
+            f.unlink()
+    for f in (tmp_path / "f" / "X").rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(tmp_path / "f" / "X")
+            (tmp_path / "b" / "X" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "b" / "X" / rel).write_bytes(f.read_bytes())
+    with pytest.raises(FormatError, match=r"X is float32 \(4, 2\), the attributes say uint8"):
+        Dataset(tmp_path / "b")
+
+
+def test_write_dense_shards_as_bytes(tmp_path):
+    """``dtype=uint8``: stored as bytes (format 3, the same rows read back); a shard with a
+    value that is not a byte is refused and nothing is left behind."""
+    from lshdist.store.dataset import write_dense_shards
+
+    X = np.random.default_rng(2).integers(0, 256, size=(25, 4)).astype(np.float32)
+    ds = write_dense_shards(tmp_path / "u", ((X[i:i + 10], None) for i in (0, 10, 20)), n=25,
+                            d=4, shard_rows=10, dtype=np.uint8)
+    assert ds.attrs["version"] == 3 and np.array_equal(ds.read_all(), X)
+    bad = X.copy()
+    bad[12, 1] = 0.5
+    with pytest.raises(InputError, match=r"shard 1 holds values that are not integers in "
+                                         r"0\.\.255; .*store them as float32"):
+        write_dense_shards(tmp_path / "bad", ((bad[i:i + 10], None) for i in (0, 10, 20)),
+                           n=25, d=4, shard_rows=10, dtype=np.uint8)
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(InputError, match="float32 or uint8"):
+        write_dense_shards(tmp_path / "bad", iter([]), n=1, d=1, shard_rows=1, dtype=np.int16)

@@ -11,6 +11,7 @@ import pytest
 from lshdist.errors import FormatError, InputError
 from lshdist.index.calibrate import Calibration
 from lshdist.index.subspace import Round
+from lshdist.store.files import dump_json
 from lshdist.store.index import (
     FORMAT,
     VERSION,
@@ -92,7 +93,7 @@ def test_read_and_written_back_byte_for_byte(tmp_path, raw):
     before = (tmp_path / "index.json").read_bytes()
     m = read_index_manifest(tmp_path)
     assert m.to_json() == read_manifest(tmp_path)
-    assert json.dumps(m.to_json(), indent=2).encode() == before
+    assert dump_json(m.to_json()).encode() == before
     write_manifest(tmp_path, m)
     assert (tmp_path / "index.json").read_bytes() == before
 
