@@ -278,17 +278,17 @@ def test_learn_reads_a_sample_shard_by_shard_never_the_whole_dataset(tmp_path, m
     X, y = _signal_in_one_feature(n=3000)
     write_dataset(tmp_path / "d", X, y, shard_rows=250)
     reads = []
-    real = Dataset.read_rows
+    real = Dataset._dense_rows  # what every dense read goes through (`read_rows`, a row set)
 
-    def limited(self, start, stop):
+    def limited(self, start, stop, take=None):
         assert stop - start <= 250, "more than one shard read at once"
         reads.append(stop - start)
-        return real(self, start, stop)
+        return real(self, start, stop, take)
 
     def refuse(self):
         raise MemoryError("read_all: the dataset is larger than the driver's memory")
 
-    monkeypatch.setattr(Dataset, "read_rows", limited)
+    monkeypatch.setattr(Dataset, "_dense_rows", limited)
     monkeypatch.setattr(Dataset, "read_all", refuse)
     _metric, params, _ = learn(Dataset(tmp_path / "d"), LearnConfig(constraints=1000, sample=900,
                                                                    no_search=True))
