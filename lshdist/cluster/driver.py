@@ -317,7 +317,13 @@ def submit_at(client: Any, where: str | None, fn: Any, *args: Any, **kw: Any) ->
                          allow_other_workers=where is not None, **kw)
 
 
-def share(client: Any, fn: Any, *args: Any) -> Any:
+#: the results `share` keeps for later jobs in the same client, by call (at most
+#: `SHARED_KEPT`, the oldest dropped first)
+_SHARED: dict[tuple[Any, ...], Any] = {}
+SHARED_KEPT = 4
+
+
+def share(client: Any, fn: Any, *args: Any, reuse: bool = False) -> Any:
     """The result of ``fn(*args)``, computed once for every worker; returns its future (each
     worker fetches a copy when its first task that needs it is ready to run).
 
@@ -326,8 +332,31 @@ def share(client: Any, fn: Any, *args: Any) -> Any:
     and not the object itself in the graph (10 MB for a 784-d explicit metric, sent with the
     graph).  The future is recomputed if every copy is lost.  Not ``client.replicate`` either:
     it blocks the driver until the result is computed and copied (0.08 s on Fashion-MNIST's
-    model), so no task that needs it was submitted before; its dependents copy it anyway."""
-    return client.submit(fn, *args, pure=False, retries=2)
+    model), so no task that needs it was submitted before; its dependents copy it anyway.
+
+    ``reuse``: the result is kept for a later job in the same client that makes the same call
+    (a query after its build: the hash family, 0.06 s of one worker while the other waits) --
+    only for calls whose arguments name their input's content (a model's checksum, checked by
+    the task); jobs release such a future with `cancel_unshared`, which leaves it alone."""
+    key = (client.id, fn.__module__, fn.__qualname__, *args) if reuse else None
+    if key is not None:
+        fut = _SHARED.get(key)
+        if fut is not None and fut.status in ("pending", "finished"):
+            return fut
+    fut = client.submit(fn, *args, pure=False, retries=2)
+    if key is not None:
+        _SHARED.pop(key, None)
+        _SHARED[key] = fut
+        while len(_SHARED) > SHARED_KEPT:
+            _SHARED.pop(next(iter(_SHARED)))
+    return fut
+
+
+def cancel_unshared(client: Any, futures: Sequence[Any]) -> None:
+    """Cancel ``futures``, except the results `share` keeps for later jobs (another job may be
+    using them: they are dropped here, not cancelled)."""
+    kept = {f.key for f in _SHARED.values()}
+    client.cancel([f for f in futures if f.key not in kept])
 
 
 # ---------------------------------------------------------------------------------- query
@@ -348,7 +377,7 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
     run = Run(stall=stall)
     shared, loads = kind.load(client, plan)
     if segments is not None and len(segments) != len(loads):
-        client.cancel(list(shared.values()))
+        cancel_unshared(client, list(shared.values()))
         raise InputError(f"{len(segments)} segments in memory for an index of {len(loads)}: "
                          "pass the ones its build held")
     if segments is None:
@@ -370,7 +399,7 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
         else:
             plan, info, n = _speculated(client, kind, plan, ahead, loaded, run, chunks, window)
     finally:
-        client.cancel(release)
+        cancel_unshared(client, release)
     return {**info, "queries": n, "segments": len(loaded.segments), "out": str(plan.out)}
 
 

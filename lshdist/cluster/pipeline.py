@@ -69,10 +69,14 @@ def segment_shards(bounds: Sequence[int], segment_rows: int) -> list[tuple[int, 
     return out
 
 
-def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: bool) -> Any:
+def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: bool,
+                     checksum: str) -> Any:
     """The hash family on every worker, built once (`lshdist.cluster.driver.share`: one task
-    loads the model, checksums verified, and builds the family); returns its future."""
-    return driver.share(client, tasks.load_family, resolved(model), bits, seed, learned)
+    loads the model, checksums verified -- the model's must be ``checksum`` --, and builds the
+    family); returns its future.  A later job in the same client with the same model and
+    parameters takes the same family (a query after its build)."""
+    return driver.share(client, tasks.load_family, resolved(model), bits, seed, learned,
+                        checksum, reuse=True)
 
 
 # ---------------------------------------------------------------------------------- build
@@ -255,7 +259,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     cfg = plan.cfg
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
     family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
-                                learned=not cfg.baseline)
+                                learned=not cfg.baseline, checksum=plan.model_meta["checksum"])
     path = str(plan.data.path)
     lists = plan.lists
     # spread over the workers as a query loads them (`spread`): segments kept in memory for a
@@ -334,11 +338,11 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                 raise
             hold += kept
     except BaseException:
-        client.cancel(held)
+        driver.cancel_unshared(client, held)
         remove_unnamed(index_dir, names)
         raise
     if hold is None:
-        client.cancel(held)
+        driver.cancel_unshared(client, held)
     # else: cancelling a future also cancels what depends on it (the kept segments); the
     # futures are released instead when they go out of scope here
     return entries, {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
@@ -734,7 +738,7 @@ class PermutationKind:
              ) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
         m = plan.manifest
         family_f = broadcast_family(client, m.model, bits=m.bits, seed=m.seed,
-                                    learned=m.learned)
+                                    learned=m.learned, checksum=m.model_checksum)
         return {"family": family_f}, [(e.rows, (tasks.load_segment, str(plan.index), e, m))
                                       for e in m.segments]
 

@@ -32,12 +32,18 @@ if TYPE_CHECKING:
 Encoded = tuple[np.ndarray, Any, np.ndarray]
 
 
-def load_family(model_path: str, bits: int, seed: int, learned: bool) -> HashFamily:
-    """The hash family of a model (learned, or Charikar's baseline carrying the metric)."""
+def load_family(model_path: str, bits: int, seed: int, learned: bool,
+                checksum: str | None = None) -> HashFamily:
+    """The hash family of a model (learned, or Charikar's baseline carrying the metric);
+    ``checksum``: the model's, as the job planned with it (a model replaced since is refused)."""
     from lshdist.hashing.families import family_for
     from lshdist.store.model import load_model
 
-    metric, _ = load_model(model_path)
+    metric, meta = load_model(model_path)
+    if checksum is not None and meta["checksum"] != checksum:
+        raise InputError(f"model {model_path!r} was replaced while the job ran (checksum "
+                         f"{str(meta['checksum'])[:12]}..., the job was planned with "
+                         f"{checksum[:12]}...); run the job again")
     return family_for(metric, bits=bits, seed=seed, learned=learned)
 
 

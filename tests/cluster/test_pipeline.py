@@ -206,6 +206,34 @@ def test_segments_held_from_the_build_answer_like_the_stored_index(letter_job, r
         client.cancel(held)
 
 
+def test_a_query_after_its_build_takes_the_builds_hash_family(letter_job, tmp_path):
+    """The hash family is loaded once for a build and the queries that follow in the same
+    client (`driver.share` with ``reuse``, keyed by the model's checksum); the family's task
+    refuses a model replaced since the job was planned."""
+    from distributed import get_task_stream
+
+    from lshdist.cluster import tasks
+    from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
+    from lshdist.errors import InputError
+
+    with dask_client(workers=2) as client, get_task_stream(client) as ts:
+        held: list = []
+        run_build(client, plan_build(data=str(letter_job / "train-a"),
+                                     model=str(letter_job / "model"), out=str(tmp_path / "idx"),
+                                     cfg=INDEX), hold=held)
+        for out in ("a", "b"):
+            run_query(client, plan_query(index=str(tmp_path / "idx"),
+                                         queries=str(letter_job / "queries"),
+                                         out=str(tmp_path / out), cfg=Q()), segments=held)
+        client.cancel(held)
+    loads = {t["key"] for t in ts.data if "load_family" in str(t["key"])}
+    assert len(loads) == 1, loads
+    assert np.array_equal(read_results(tmp_path / "a")["neighbor_id"],
+                          read_results(tmp_path / "b")["neighbor_id"])
+    with pytest.raises(InputError, match="was replaced while the job ran"):
+        tasks.load_family(str(letter_job / "model"), 64, 0, True, "0" * 64)
+
+
 def test_append_equals_building_from_both(letter_job, tmp_path):
     with dask_client(workers=1, processes=False) as client:
         build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
