@@ -14,7 +14,7 @@ from lshdist._kernels.search import (
     window_positions_bsearch,
     window_positions_merge,
 )
-from lshdist._kernels.sort import radix_argsort_u64, radix_sort_leading
+from lshdist._kernels.sort import radix_argsort_u64, radix_sort_u64
 from lshdist.blocks import on_row_ranges, row_ranges
 from lshdist.errors import InputError, NotFittedError
 from lshdist.index.params import resolve_permutations
@@ -281,7 +281,7 @@ class PermutationIndex:
         def build(lo: int, hi: int) -> None:
             for m in range(lo, hi):  # the kernels release the GIL: threads share the lists
                 # stable: ties by row, as np.argsort's
-                sorted_prefix[m], sorted_rows[m] = radix_sort_leading(
+                sorted_prefix[m], sorted_rows[m] = radix_sort_u64(
                     permuted_prefix(codes, positions[m]), rows)
 
         on_row_ranges(build, M, n_threads)  # the kernel and numpy's sort release the GIL
