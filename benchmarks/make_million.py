@@ -3,9 +3,9 @@
 Database: the 60,000 training images, unshifted and moved by each of 16 one- and two-pixel
 shifts (dx, dy) in {-2..2}^2 (zero fill), 17 variants x 60,000 rows, labels kept, written shard
 by shard (`lshdist.store.dataset.write_dense_shards`: never more than one 20,000-row shard in
-memory; stored as uint8, pixel values: 0.8 GB, read as float32).  Row ``v * 60,000 + i`` is training image ``i`` under variant
-``v``.  Queries: the 10,000 test images unshifted and under 9 shifts — the 8 one-pixel
-neighbours and (2, 1) — 100,000 rows.
+memory; stored as uint8, pixel values: 0.8 GB, read as float32).  Row ``v * 60,000 + i`` is
+training image ``i`` under variant ``v``.  Queries: the 10,000 test images unshifted and
+under 9 shifts — the 8 one-pixel neighbours and (2, 1) — 100,000 rows.
 Ground truth: the exact 10 nearest database rows (L2, ties by row) of ``TRUTH_QUERIES`` queries
 drawn at random from all 100,000 (`query_order`: the first 2,000 of a fixed permutation, so that
 they lie in every prefix of it — a benchmark that asks fewer queries takes a prefix; truth version

@@ -92,6 +92,11 @@ def test_an_optimistic_build_calibration_is_caught_and_corrected(nearcopies):
     # ... and the job answered at a point that keeps the target, and said what it did
     assert rec["action"] in ("recalibrated", "scan")
     assert got >= 0.88
+    # the chunks answered speculatively at the build's point (while the check ran) were
+    # answered again at the new one: every query once, none from the first plan
+    qid, _, _, _ = read_results(root / "auto")
+    assert len(qid) == len(np.unique(qid)) == 1000
+    assert read_meta(root / "auto").queries == 1000
     assert rec["interval"][0] <= got + 0.02 and rec["level"] == 0.95
     assert "calibrated again on the queries" in info["reason"] or rec["action"] == "scan"
 
