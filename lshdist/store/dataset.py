@@ -337,11 +337,12 @@ def repeated_id(ids: np.ndarray) -> tuple[int, int, int] | None:
 
 
 def _byte_valued(X: np.ndarray, block: int = 8192) -> bool:
-    """Whether every value of float rows ``X`` is an integer in 0..255 (read in blocks of
-    rows: no copy of the whole array)."""
+    """Whether every value of float rows ``X`` is an integer in 0..255 stored as uint8 and
+    read back bit for bit (so not -0.0), read in blocks of rows: no copy of the whole array."""
     for lo in range(0, X.shape[0], block):
         B = X[lo:lo + block]
-        if B.size and (B.min() < 0 or B.max() > 255 or not np.array_equal(B, np.rint(B))):
+        if B.size and (B.min() < 0 or B.max() > 255 or np.signbit(B).any()
+                       or not np.array_equal(B, np.rint(B))):
             return False
     return True
 
@@ -417,8 +418,9 @@ def write_dense_shards(
                 raise InputError(f"shard {i} has shape {X.shape}, expected ({hi - lo}, {d})")
             if dtype == np.uint8:
                 if not _byte_valued(X):
-                    raise InputError(f"shard {i} holds values that are not integers in 0..255; "
-                                     "they cannot be stored as uint8 (store them as float32)")
+                    raise InputError(f"shard {i} holds values that are not integers in 0..255 "
+                                     "(or -0.0); they cannot be stored as uint8 (store them as "
+                                     "float32)")
                 X = X.astype(np.uint8)
             xa[lo:hi] = X
             sums["X"].append(shard_digest(X))
