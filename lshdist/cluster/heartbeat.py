@@ -116,8 +116,13 @@ class SchedulerWatch:
 
     async def race(self, work: Awaitable[T]) -> T:
         """``await work``, or a `ClusterError` as soon as the scheduler is lost (the work is
-        then cancelled).  Runs on the client's event loop."""
+        then cancelled).  Runs on the client's event loop.  The work's failure is read even
+        when its caller gave up on it (`_seen`): a wait abandoned by a stall timeout in the
+        same turn of the loop as its futures were cancelled finished with
+        ``FuturesCancelledError``, and asyncio logged that with a traceback after the job's
+        one-line error (seen in the frozen-scheduler drill)."""
         task = asyncio.ensure_future(work)
+        task.add_done_callback(_seen)
         if self._stopped or self._event is None:  # closing, or not started yet
             return await task
         if self.lost is not None:
