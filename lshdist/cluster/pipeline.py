@@ -272,9 +272,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     # the segments' scans of it start as soon as each fit ends
     sample_f = None
     if not plan.append and len(plan.segments) > 1:
-        sample_f = client.submit(tasks.calibration_sample, path, plan.segments[0],
-                                 cfg.calibration_queries, cfg.seed, family_f, pure=False,
-                                 retries=2, priority=1)
+        sample_f = _sample(client, path, plan.segments[0], cfg.calibration_queries, cfg.seed,
+                           family_f, priority=1)
     fits = [driver.submit_at(client, w, tasks.fit_segment, path, shards, family_f, lists,
                              None if lists else cfg.epsilon, cfg.seed)
             for shards, w in zip(plan.segments, where)]
@@ -405,12 +404,11 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     if n_parts < 2:
         return None
     if sample_f is None:
-        sample_f = client.submit(tasks.calibration_sample, data, shards, queries, seed,
-                                 family_f, pure=False, retries=2)
+        sample_f = _sample(client, data, shards, queries, seed, family_f)
     # only the first segment's scan is timed (its seconds are the calibration's, below)
     nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0,
                          pure=False, retries=2) for j, seg in enumerate(segments)]
-    held += [sample_f, *nbr]
+    held += [sample_f, *nbr]  # (sample_f twice when the build submitted it: harmless)
     for _ in driver.progress(nbr, "neighbours", stall):
         pass
     parts = [f.result() for f in nbr]
@@ -449,6 +447,14 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     scan = next((p[3] for p in parts[0] if p[3] is not None), None)
     return Pooled((points, int(counts.sum()), [float(w) for w in weights], scan), sample_f,
                   float(flat[0][4]), Q)
+
+
+def _sample(client: Any, data: str | None, shards: tuple[int, int] | None,
+            queries: str | None, seed: int, family_f: Any, priority: int = 0) -> Any:
+    """The future of a calibration's `tasks.calibration_sample` (read once, reused by the
+    segments' scans and grids and the timing task)."""
+    return client.submit(tasks.calibration_sample, data, shards, queries, seed, family_f,
+                         pure=False, retries=2, priority=priority)
 
 
 def build_index(client: Any, *, data: str, model: str, out: str,
