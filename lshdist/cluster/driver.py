@@ -103,6 +103,12 @@ class Run:
 
     stall: float = ClusterConfig.stall_timeout
     hold: list[Any] | None = None
+    #: (a fresh build with ``hold``) called on the build's thread once its operating point is
+    #: fixed, its segments' writes still running: ``calibrated(manifest, segments, homes)``
+    #: with the manifest the build will commit (its segment entries' checksums not known yet:
+    #: for planning a query, never written), the futures of the segments as they will be
+    #: written and the worker of each (`build_and_query`)
+    calibrated: Callable[[Any, list[Any], list[str | None]], None] | None = None
 
 
 class BuildPlanLike(Protocol):
@@ -226,7 +232,9 @@ COMMIT_RETRIES = 20
 
 def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
           stall: float = ClusterConfig.stall_timeout,
-          hold: list[Any] | None = None) -> IndexManifest:
+          hold: list[Any] | None = None,
+          calibrated: Callable[[Any, list[Any], list[str | None]], None] | None = None
+          ) -> IndexManifest:
     """Run a kind's planned build on ``client``; returns the committed manifest.
 
     A fresh build is written aside and swapped into place when complete (on object storage:
@@ -234,13 +242,13 @@ def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
     fails this one, nothing kept); an append writes its segments into the index and commits the
     new manifest.  Both hold the index lock throughout on a local disk (a concurrent append
     waits up to ``stall`` seconds, then both land; `lshdist gc` never mistakes a running build's
-    segments for orphans).  ``hold``: see `Run`."""
+    segments for orphans).  ``hold``, ``calibrated``: see `Run`."""
     check_worker_memory(client, plan.memory_bytes)
     try:
         plan.out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(exc, plan.out) from None
-    run = Run(stall=stall, hold=hold)
+    run = Run(stall=stall, hold=hold, calibrated=calibrated)
     with index_lock(plan.out, timeout=stall):
         if plan.append:
             # another append may have landed meanwhile
@@ -364,14 +372,18 @@ def cancel_unshared(client: Any, futures: Sequence[Any]) -> None:
 
 def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
           stall: float = ClusterConfig.stall_timeout, in_flight: int | None = None,
-          segments: list[Any] | None = None) -> dict[str, Any]:
+          segments: list[Any] | None = None, homes: list[str | None] | None = None,
+          gate: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Run a kind's planned query on ``client``; returns ``{queries, segments, out}`` and what
     the kind's `IndexKind.prepare` recorded.
 
     At most ``in_flight`` query chunks (default: two per worker) are submitted at a time; a
     chunk's intermediate results are released once its Parquet parts are written.
     ``segments``: the index's segments already in worker memory (`build`'s ``hold``, in the
-    manifest's order; the caller releases them), else they are loaded by the kind's loaders.
+    manifest's order; the caller releases them), else they are loaded by the kind's loaders;
+    ``homes``: the worker of each (default: where each is now).  ``gate``: called once every
+    chunk is answered, before the results are committed (what it raises fails the query,
+    nothing of its results kept): `build_and_query` waits there for its build's commit.
     """
     cfg = plan.cfg
     run = Run(stall=stall)
@@ -385,7 +397,9 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
         segs = [submit_at(client, w, *fn) for (_, fn), w in zip(loads, homes)]
         loaded = Loaded(shared, segs, homes)
     else:
-        loaded = Loaded(shared, list(segments), holders(client, segments), owned=False)
+        loaded = Loaded(shared, list(segments),
+                        holders(client, segments) if homes is None else list(homes),
+                        owned=False)
     release = [*shared.values(), *(loaded.segments if loaded.owned else [])]
     window = in_flight or 2 * max(1, len(workers_of(client)))
     chunks = query_chunks(plan.bounds, chunk_rows(cfg.query_chunk, cfg.k))
@@ -396,15 +410,83 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
             with write_results(plan.out, k=cfg.k, overwrite=plan.overwrite,
                                inputs=plan.inputs, info=info) as tmp:
                 n = _answer_chunks(client, kind, plan, loaded, chunks, str(tmp), window, stall)
+                if gate is not None:
+                    gate()
         else:
-            plan, info, n = _speculated(client, kind, plan, ahead, loaded, run, chunks, window)
+            plan, info, n = _speculated(client, kind, plan, ahead, loaded, run, chunks, window,
+                                        gate)
     finally:
         cancel_unshared(client, release)
     return {**info, "queries": n, "segments": len(loaded.segments), "out": str(plan.out)}
 
 
+def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
+                    plan_query: Callable[[Any], Any], *,
+                    stall: float = ClusterConfig.stall_timeout, in_flight: int | None = None,
+                    hold: list[Any] | None = None
+                    ) -> tuple[IndexManifest, dict[str, Any], dict[str, float]]:
+    """A fresh build and a query of the index it makes, in one cluster: the query starts as
+    soon as the build has fixed its operating point (`Run.calibrated`), on the segments kept
+    in worker memory, while their writes still run -- its planning, recall check and chunks
+    fill the time the workers spent waiting for the last write, the commit and the query's
+    planning (Fashion-MNIST, 2 workers: ~0.3 s of idle workers a job) -- and its results are
+    committed only after the index is: a build that fails fails the query, none of its
+    results kept.  ``plan_query(manifest)``: the kind's query plan for the index's manifest
+    (the one `Run.calibrated` gives; a kind that never calls it is queried once its build
+    has committed).  ``hold``: receives the segments (see `Run`; the caller releases them).
+
+    Returns the committed manifest, the query's result (`query`) and the seconds:
+    ``index`` (the build, to its commit), ``query`` (from the query's start to its results'
+    commit: it overlaps the build's writes) and ``total`` (both, start to end)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    held: list[Any] = [] if hold is None else hold
+    ready = threading.Event()
+    got: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+
+    def calibrated(manifest: Any, segments: list[Any], homes: list[str | None]) -> None:
+        got.update(manifest=manifest, segments=segments, homes=homes)
+        ready.set()
+
+    def build_job() -> IndexManifest:
+        try:
+            return build(client, kind, build_plan, stall=stall, hold=held,
+                         calibrated=calibrated)
+        finally:
+            seconds["index"] = time.perf_counter() - t0
+            ready.set()  # failed, or a kind that does not call back: the main thread goes on
+
+    t0 = time.perf_counter()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="lshdist-build")
+    built = pool.submit(build_job)
+    try:
+        ready.wait()
+        if got:
+            plan, segments, homes = plan_query(got["manifest"]), got["segments"], got["homes"]
+        else:
+            plan, segments, homes = plan_query(built.result()), held, None
+        t1 = time.perf_counter()
+        result = query(client, kind, plan, stall=stall, in_flight=in_flight,
+                       segments=segments, homes=homes, gate=built.result)
+        seconds["query"] = time.perf_counter() - t1
+    except BaseException:
+        failed = built.exception()  # (waits for the build: its own waits are bounded)
+        if failed is not None:  # the build's error is the cause
+            raise failed from None
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        if hold is None:
+            client.cancel(held)
+    seconds["total"] = time.perf_counter() - t0
+    return built.result(), result, seconds
+
+
 def _speculated(client: Any, kind: IndexKind, plan: Any, ahead: Any, loaded: Loaded, run: Run,
-                chunks: list[tuple[int, int]], window: int) -> tuple[Any, dict[str, Any], int]:
+                chunks: list[tuple[int, int]], window: int,
+                gate: Callable[[], Any] | None = None) -> tuple[Any, dict[str, Any], int]:
     """Answer the chunks with the kind's speculative plan ``ahead`` while `IndexKind.prepare`
     (a recall check: a sample answered exactly and at the planned point) runs on a driver
     thread, its tasks ahead of the chunks' on the workers; no worker waits for the check's
@@ -438,6 +520,8 @@ def _speculated(client: Any, kind: IndexKind, plan: Any, ahead: Any, loaded: Loa
                         part.unlink()
                 n = _answer_chunks(client, kind, final, loaded, chunks, str(tmp), window,
                                    run.stall)
+            if gate is not None:
+                gate()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return final, info, n
@@ -604,7 +688,7 @@ def progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
     ``stall`` seconds (a frozen scheduler or worker) fails with a `ClusterError`."""
     from distributed import wait
 
-    pending, t0, n = set(futures), time.perf_counter(), len(futures)
+    pending, t0, n, k = set(futures), time.perf_counter(), len(futures), 0
     while pending:
         try:
             done, pending = wait(pending, timeout=stall, return_when="FIRST_COMPLETED")
@@ -612,7 +696,7 @@ def progress(futures: Sequence[Any], what: str, stall: float) -> Iterator[Any]:
             raise ClusterError(f"{what}: no task finished for {stall:.0f}s ({len(pending)} of "
                                f"{n} waiting); {stalled_reason(pending)}") from None
         for f in done:
-            k = n - len(pending)
+            k += 1
             log.info("%-6s [%-20s] %d/%d tasks, %.1fs", what, "#" * (20 * k // n), k, n,
                      time.perf_counter() - t0)
             yield f

@@ -251,12 +251,14 @@ def _with_segments(manifest: _M, entries: Sequence[SegmentEntry], batch: str | N
                    rows=int(sum(e.rows for e in segments)))
 
 
-def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, stall: float,
-                    hold: list[Any] | None) -> tuple[list[SegmentEntry], dict[str, Any]]:
+def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, run: driver.Run
+                    ) -> tuple[list[SegmentEntry], dict[str, Any]]:
     """Fit every segment (in worker memory), calibrate on the first (fresh builds), then write
     each with the chosen number of lists; returns the entries and the manifest's operating
-    point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration_json``)."""
-    cfg = plan.cfg
+    point fields (``permutations``, ``window``, ``hamming_keep``, ``calibration_json``).
+    ``run.hold``: receives the segments as written, kept in worker memory (made ahead of the
+    writes: a following query searches them while the writes run, `run.calibrated`)."""
+    cfg, stall, hold = plan.cfg, run.stall, run.hold
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
     family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
                                 learned=not cfg.baseline, checksum=plan.model_meta["checksum"])
@@ -280,6 +282,19 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
     writes: list[Any] = []
+    kept: list[Any] = []
+
+    def write(lists_kept: int | None) -> None:
+        # the segments kept in memory first (a few ms each, ahead of the writes on their
+        # workers): a query that follows need not wait for the writes
+        if hold is not None:
+            kept.extend(client.submit(tasks.truncated, fit, lists_kept, pure=False, priority=1)
+                        for fit in fits)
+            held.extend(kept)
+        writes.extend(_write_segments(client, fits, index_dir, names, lists_kept, path,
+                                      plan.segments))
+        held.extend(writes)
+
     try:
         if plan.append:
             op: dict[str, Any] = {}
@@ -302,9 +317,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             held.append(cal_f)
             written = None if pooled is None else pooled.kept(cfg.target_recall)
             if written is not None:
-                writes = _write_segments(client, fits, index_dir, names, written, path,
-                                         plan.segments)
-                held += writes
+                write(written)
             for _ in driver.progress([cal_f], "calibrate", stall):
                 pass
             # the whole calibration's wall time (the segments' scans and grids too)
@@ -322,19 +335,22 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             log.info("calibration (%.1fs on %d rows, %d queries): %s — %s", cal.seconds,
                      cal.n_database, cal.n_queries, cal.mode, cal.reason)
         if not writes:  # (else written while the calibration timed its point)
-            writes = _write_segments(client, fits, index_dir, names, keep, path, plan.segments)
-            held += writes
+            write(keep)
+        op = {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
+              "window": window, "hamming_keep": hkeep}
+        if run.calibrated is not None and hold is not None and not plan.append:
+            # the manifest to be committed, for the query's plan: its entries' checksums
+            # come with the writes
+            rows = [int(bounds[b] - bounds[a]) for a, b in plan.segments]
+            run.calibrated(_with_segments(replace(plan.manifest, **op), [
+                SegmentEntry(name=n, rows=r, permutations=keep or 0, checksum="")
+                for n, r in zip(names, rows)]), list(kept), driver.holders(client, fits))
         for _ in driver.progress(writes, "index", stall):
             pass
         entries = [f.result() for f in writes]
-        if hold is not None:  # computed where each fit lives, before the fits are released
-            kept = [client.submit(tasks.truncated, fit, keep, pure=False) for fit in fits]
-            try:
-                for _ in driver.progress(kept, "keep", stall):
-                    pass
-            except BaseException:
-                client.cancel(kept)
-                raise
+        for _ in driver.progress(kept, "keep", stall):
+            pass
+        if hold is not None:
             hold += kept
     except BaseException:
         driver.cancel_unshared(client, held)
@@ -344,8 +360,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
         driver.cancel_unshared(client, held)
     # else: cancelling a future also cancels what depends on it (the kept segments); the
     # futures are released instead when they go out of scope here
-    return entries, {**op, "permutations": keep, "epsilon": None if keep else cfg.epsilon,
-                     "window": window, "hamming_keep": hkeep}
+    return entries, op
 
 
 def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPath,
@@ -488,30 +503,87 @@ class QueryPlan(driver.DatasetQuery):
 def plan_query(*, index: str, queries: str, out: str, cfg: QueryConfig | None = None,
                overwrite: bool = False) -> QueryPlan:
     """Check a bulk query on the driver (no cluster): index, model, queries, output."""
+    cfg = _query_config(cfg, index)
+    manifest = read_permutation_manifest(index, "this query job (use `lshdist query`)")
+    if isinstance(manifest, HyperplaneManifest):
+        raise InputError(f"index {index!r} was built for hyperplane queries "
+                         f"({manifest.family.name}); query it with --hyperplanes")
+    _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
+    return _planned(manifest, as_path(index), qds, as_path(out), cfg, overwrite)
+
+
+def _query_config(cfg: QueryConfig | None, index: str) -> QueryConfig:
+    """The query's settings, refusing those a k-NN query of a permutation index has not."""
     cfg = cfg or QueryConfig()
     if cfg.mode == "rank":
         raise InputError("--mode rank ranks hyperplane keys; it answers --hyperplanes queries "
                          "of an index built with --family h-hash or eh-hash, not k-NN queries "
                          "(use auto, hash or scan)")
     check_mode(cfg.mode, KNN_MODES)
-    manifest = read_permutation_manifest(index, "this query job (use `lshdist query`)")
     given = sorted({"probe", "candidates"} & cfg.given_)
     if given:
         raise InputError(f"--{given[0]}: only for a subspace index, and {index!r} is a "
                          "permutation index; drop it")
-    if isinstance(manifest, HyperplaneManifest):
-        raise InputError(f"index {index!r} was built for hyperplane queries "
-                         f"({manifest.family.name}); query it with --hyperplanes")
-    _, qds = check_query_inputs(index, manifest, queries, out, overwrite)
+    return cfg
+
+
+def _planned(manifest: PermutationManifest, index: Path | ObjectPath, qds: Dataset,
+             out: Path | ObjectPath, cfg: QueryConfig, overwrite: bool) -> QueryPlan:
+    """The plan of a checked query of the index of ``manifest``: its mode and operating point."""
     if cfg.k > manifest.rows:
         log.warning("k=%d is larger than the index's %d rows: every query gets at most %d "
                     "neighbours", cfg.k, manifest.rows, manifest.rows)
-    mode, op, reason = operating_point(manifest, cfg, where=f"index {index!r}")
+    mode, op, reason = operating_point(manifest, cfg, where=f"index {str(index)!r}")
     recal = _recalibrates(manifest, cfg, qds)
     log.info("query mode %s: %s%s", mode, reason,
              "; to be calibrated again on a sample of these queries" if recal else "")
-    return QueryPlan(as_path(index), qds, as_path(out), cfg, overwrite, manifest, mode, op, reason,
-                     recal, _estimate(manifest, op))
+    return QueryPlan(index, qds, out, cfg, overwrite, manifest, mode, op, reason, recal,
+                     _estimate(manifest, op))
+
+
+@dataclass(frozen=True)
+class FollowingQuery:
+    """A bulk query of the index a planned build will make, checked with the build
+    (`plan_following_query`); its mode and operating point come from the build's
+    calibration (`build_and_query`)."""
+
+    queries: Dataset
+    out: Path | ObjectPath
+    cfg: QueryConfig
+    overwrite: bool
+
+
+def plan_following_query(build: BuildPlan, *, queries: str, out: str,
+                         cfg: QueryConfig | None = None, overwrite: bool = False
+                         ) -> FollowingQuery:
+    """Check, before any cluster starts, a bulk query of the index that the fresh build
+    ``build`` will make: the queries against its model, the results directory (not the index,
+    the data or the model)."""
+    if build.append:
+        raise InputError("a query planned with its build needs a fresh build, not --append "
+                         "(append, then query the index)")
+    cfg = _query_config(cfg, str(build.out))
+    _, qds = check_query_inputs(str(build.out), build.manifest, queries, out, overwrite)
+    return FollowingQuery(qds, as_path(out), cfg, overwrite)
+
+
+def build_and_query(client: Any, build: BuildPlan, query: FollowingQuery, *,
+                    stall: float = ClusterConfig.stall_timeout, in_flight: int | None = None,
+                    hold: list[Any] | None = None
+                    ) -> tuple[PermutationManifest, dict[str, Any], dict[str, float]]:
+    """Run a planned fresh build and the query planned with it (`plan_following_query`) as
+    one job (`lshdist.cluster.driver.build_and_query`): the query starts once the build's
+    operating point is fixed, searching the segments in worker memory while they are written,
+    and its results are committed after the index.  ``hold``: see `run_build`.  Returns the
+    manifest, the query's result (`run_query`'s) and the seconds (``index``, ``query`` --
+    they overlap -- and ``total``)."""
+    def plan_of(manifest: IndexManifest) -> QueryPlan:
+        m = require_permutation(manifest, build.out, "this build")
+        return _planned(m, build.out, query.queries, query.out, query.cfg, query.overwrite)
+
+    m, r, seconds = driver.build_and_query(client, PERMUTATION, build, plan_of, stall=stall,
+                                           in_flight=in_flight, hold=hold)
+    return require_permutation(m, build.out, "this build"), _query_result(r), seconds
 
 
 def _estimate(manifest: PermutationManifest, op: tuple[int, int, int] | None) -> float | None:
@@ -574,8 +646,11 @@ def run_query(client: Any, plan: QueryPlan, *, stall: float = ClusterConfig.stal
     ``segments``: the index's segments already in worker memory (`run_build`'s ``hold``, in
     the manifest's order; the caller releases them), else they are read from the index.
     """
-    r = driver.query(client, PERMUTATION, plan, stall=stall, in_flight=in_flight,
-                     segments=segments)
+    return _query_result(driver.query(client, PERMUTATION, plan, stall=stall,
+                                      in_flight=in_flight, segments=segments))
+
+
+def _query_result(r: dict[str, Any]) -> dict[str, Any]:
     op = r["operating_point"]
     return {"queries": r["queries"], "segments": r["segments"], "out": r["out"],
             "mode": r["mode"], "operating_point": None if op is None else tuple(op.values()),
@@ -724,7 +799,7 @@ class PermutationKind:
 
     def build(self, client: Any, plan: BuildPlan, index_dir: Path | ObjectPath,
               run: driver.Run) -> driver.Built:
-        entries, op = _build_segments(client, plan, index_dir, run.stall, run.hold)
+        entries, op = _build_segments(client, plan, index_dir, run)
 
         def manifest(current: IndexManifest | None) -> IndexManifest:
             if current is None:

@@ -1,6 +1,7 @@
 """Distributed index and query: same results everywhere, failures contained."""
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -204,6 +205,112 @@ def test_segments_held_from_the_build_answer_like_the_stored_index(letter_job, r
         with pytest.raises(InputError, match="1 segments in memory for an index of 4"):
             run_query(client, plan, segments=held[:1])
         client.cancel(held)
+
+
+#: the write and query plan of `test_a_query_planned_with_its_build_runs_while_the_segments_are_
+#: written` (module-level: tasks are pickled by reference, even to in-process workers)
+_HELD: dict = {"lock": threading.Lock()}
+
+
+def _held_write(*args, **kw):
+    """The first segment write waits (up to a minute) for the query's plan."""
+    with _HELD["lock"]:
+        _HELD["calls"].append(1)
+        first = len(_HELD["calls"]) == 1
+    if first and not _HELD["started"].wait(60):
+        raise AssertionError("the query was not planned while the build was writing")
+    return _HELD["write"](*args, **kw)
+
+
+def _planned(*args, **kw):
+    _HELD["started"].set()
+    return _HELD["planned"](*args, **kw)
+
+
+def _full_disk(*args, **kw):
+    """A segment write that fails, once the query is planned (and so under way)."""
+    _HELD["started"].wait(60)
+    raise OSError(28, "No space left on device")
+
+
+def _following(letter_job, tmp_path, out="res"):
+    from lshdist.cluster.pipeline import plan_build, plan_following_query
+
+    plan = plan_build(data=str(letter_job / "train-a"), model=str(letter_job / "model"),
+                      out=str(tmp_path / "idx"), cfg=INDEX)
+    return plan, plan_following_query(plan, queries=str(letter_job / "queries"),
+                                      out=str(tmp_path / out), cfg=Q(query_chunk=1500))
+
+
+def test_a_query_planned_with_its_build_runs_while_the_segments_are_written(
+        letter_job, reference, tmp_path, monkeypatch):
+    """`build_and_query` plans and starts the query once the build is calibrated: a segment
+    write held back until the query is planned does not stop the job (run one after the
+    other, the query is planned after the index's commit, which waits for that write).
+    Answers, manifest and recall check are those of the build followed by the query."""
+    from lshdist.cluster import pipeline, tasks
+    from lshdist.cluster.pipeline import build_and_query
+    from lshdist.store.index import read_permutation_manifest
+
+    _HELD.update(started=threading.Event(), calls=[], write=tasks.write_fitted,
+                 planned=pipeline._planned)
+    monkeypatch.setattr(tasks, "write_fitted", _held_write)
+    monkeypatch.setattr(pipeline, "_planned", _planned)
+    plan, following = _following(letter_job, tmp_path)
+    with dask_client(workers=2, processes=False) as client:
+        held: list = []
+        manifest, result, seconds = build_and_query(client, plan, following, hold=held)
+        assert len(held) == 4 and all(f.status == "finished" for f in held)
+        client.cancel(held)
+    assert _HELD["started"].is_set() and len(_HELD["calls"]) == 4
+    stored = read_permutation_manifest(tmp_path / "idx", "test")
+    assert manifest == dataclasses.replace(stored, checksum=None)  # (added when written)
+    assert result["queries"] == len(reference["query_id"]) and result["mode"] == "hash"
+    assert result["measured_recall"]["action"] == "kept"
+    got = read_results(tmp_path / "res")
+    for col in reference:
+        assert np.array_equal(got[col], reference[col]), col
+    assert max(seconds["index"], seconds["query"]) <= seconds["total"]
+
+
+def test_a_build_that_fails_after_its_calibration_fails_its_query(letter_job, tmp_path,
+                                                                   monkeypatch):
+    """A segment write that fails (a full disk) once the query has started: the job raises the
+    build's error, and neither the index nor the query's results are kept (the results wait
+    for the index's commit)."""
+    from lshdist.cluster import pipeline, tasks
+    from lshdist.cluster.pipeline import build_and_query
+    from lshdist.errors import InputError
+
+    _HELD.update(started=threading.Event(), planned=pipeline._planned)
+    monkeypatch.setattr(pipeline, "_planned", _planned)
+    monkeypatch.setattr(tasks, "write_fitted", _full_disk)
+    plan, following = _following(letter_job, tmp_path)
+    with dask_client(workers=2, processes=False) as client, \
+            pytest.raises(InputError, match=r"cannot write .*idx'?: the disk is full"):
+        build_and_query(client, plan, following)
+    assert _HELD["started"].is_set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_query_planned_with_its_build_is_checked_before_it(letter_job, tmp_path):
+    """`plan_following_query` refuses an append, and results written over the data, as a
+    query's planning does — before any cluster starts."""
+    from lshdist.cluster.pipeline import build_index, plan_build, plan_following_query
+    from lshdist.errors import InputError
+
+    plan, _ = _following(letter_job, tmp_path)
+    with pytest.raises(InputError, match=r"output .*queries.* would overwrite the input"):
+        plan_following_query(plan, queries=str(letter_job / "queries"),
+                             out=str(letter_job / "queries"), cfg=Q(), overwrite=True)
+    with dask_client(workers=1, processes=False) as client:
+        build_index(client, data=str(letter_job / "first"), model=str(letter_job / "model"),
+                    out=str(tmp_path / "idx"), cfg=INDEX)
+    append = plan_build(data=str(letter_job / "second"), model=str(letter_job / "model"),
+                        out=str(tmp_path / "idx"), cfg=INDEX, append=True)
+    with pytest.raises(InputError, match="needs a fresh build, not --append"):
+        plan_following_query(append, queries=str(letter_job / "queries"),
+                             out=str(tmp_path / "res"), cfg=Q())
 
 
 def test_a_query_after_its_build_takes_the_builds_hash_family(letter_job, tmp_path):

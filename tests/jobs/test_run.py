@@ -22,6 +22,9 @@ def test_run_digits_config_end_to_end(tmp_path, capsys):
     assert "scan" in out and "calibration" in out and "stage seconds" in out
     report = json.loads((tmp_path / "work" / "report.json").read_text())
     assert report["scan"]["knn_accuracy"]["1"] >= 0.9  # digits, learned metric, exact scan
+    sec = report["seconds"]  # the search overlaps the index's writes: the pair's wall time
+    assert max(sec["index"], sec["query-search"]) <= sec["index-and-search"] \
+        <= sec["index"] + sec["query-search"] + 0.5
     search = report["search"]
     if search["mode"] == "hash":  # calibrated for recall 0.9 at k=10
         assert search["recall_at_k"] >= 0.85 and search["fraction_searched"] < 0.3
