@@ -7,10 +7,12 @@ one `bench_scale.py` learned at this size (``out/scale/n1020000/model``; ``BENCH
 another); its transform is what the peers search (`Gx`: the rows themselves when the learning
 kept the prior).
 
-* lshdist, as ``lshdist run`` runs it: ``plan_build`` + ``run_build`` with IndexConfig defaults
-  calibrated on the query set (target recall 0.9), the segments held in worker memory, then
-  ``plan_query`` + ``run_query`` (QueryConfig defaults: mode auto, the recall check) on one
-  2-worker LocalCluster started once (start-up reported apart).
+* lshdist, as ``lshdist run`` runs it: ``plan_build`` + ``plan_following_query`` +
+  ``build_and_query``: the build with IndexConfig defaults calibrated on the query set (target
+  recall 0.9), the segments held in worker memory, and the query (QueryConfig defaults: mode
+  auto, the recall check) started once the build is calibrated, while the segments are
+  written; total = both, start to end; on one 2-worker LocalCluster started once (start-up
+  reported apart).
 * FAISS ``IVFFlat`` on 2 threads: nlist in (1, 2) x sqrt(N), trained on 40 rows per list;
   nprobe swept once on the truth queries; in every round the cheapest (by the sweep's build +
   search scaled to 100,000 queries) reaching recall 0.9 is built and searched with all queries.
@@ -52,7 +54,7 @@ def main() -> None:
     import faiss
     import make_million
 
-    from lshdist.cluster.pipeline import plan_build, plan_query, run_build, run_query
+    from lshdist.cluster.pipeline import build_and_query, plan_build, plan_following_query
     from lshdist.config import ClusterConfig, IndexConfig, QueryConfig
     from lshdist.evaluation import recall_at_k
     from lshdist.jobs.common import client_from_config
@@ -141,20 +143,21 @@ def main() -> None:
             t0 = time.perf_counter()
             plan = plan_build(data=str(ds.path), model=str(MODEL), out=str(index), cfg=icfg,
                               overwrite=index.exists())
+            search = plan_following_query(plan, queries=str(qs.path), out=str(results),
+                                          cfg=qcfg, overwrite=results.exists())
             held: list = []
-            built = run_build(client, plan, stall=3600, hold=held)
-            tb = time.perf_counter() - t0
-            qp = plan_query(index=str(index), queries=str(qs.path), out=str(results),
-                            cfg=qcfg, overwrite=results.exists())
-            info = run_query(client, qp, stall=3600, segments=held)
-            tq = time.perf_counter() - t0 - tb
+            # as `lshdist run`: the query starts once the build is calibrated, while the
+            # segments are written (build s and query s overlap; total = both)
+            built, info, secs = build_and_query(client, plan, search, stall=3600, hold=held)
+            total = time.perf_counter() - t0
+            tb, tq = secs["index"], secs["query"]
             client.cancel(held)
             qid, nb, _, _ = read_results(results, qids)
             pos = np.searchsorted(np.asarray(qid), t_ids)
             r = recall_at_k(np.asarray(nb[pos], np.int64), t_nb, K)
             op = info["operating_point"]
             mr = info.get("measured_recall") or {}
-            return {"build s": tb, "query s": tq, "total s": tb + tq, "recall@10": r,
+            return {"build s": tb, "query s": tq, "total s": total, "recall@10": r,
                     "mode": info["mode"], "segments": len(built.segments),
                     "setting": (f"M={op[0]}, W={op[1]}, H={op[2]}" if op else "scan"),
                     "measured recall": mr.get("value") if isinstance(mr, dict) else None}

@@ -11,6 +11,7 @@ through `lshdist.index.scan`); the payload of rows under a metric is made by
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,6 +234,9 @@ class DensePayload:
         self._grid_checked = False
         self._quantized: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float] | None = None
         self._lock = threading.RLock()
+        #: (held on its grid) the float32 rows of the payload it was compacted from, while
+        #: that one lives (`compact`)
+        self._lent: weakref.ref[np.ndarray] | None = None
 
     @classmethod
     def from_grid(cls, lo: np.ndarray, step: np.ndarray, U: np.ndarray) -> DensePayload:
@@ -260,14 +264,19 @@ class DensePayload:
         p._Z = None
         p.shape = (int(grid[2].shape[0]), int(grid[2].shape[1]))
         p._grid, p._grid_checked, p._quantized = grid, True, quantized
+        p._lent = None
         p._lock = threading.RLock()
         return p
 
     @property
     def Z(self) -> np.ndarray:
-        """The rows, float32 (N, d); for a payload held on its grid, made at the first use
+        """The rows, float32 (N, d); for a payload held on its grid, those of the payload it
+        was compacted from while that one lives (the same numbers), else made at the first use
         (and kept)."""
         if self._Z is None:
+            lent = None if self._lent is None else self._lent()
+            if lent is not None:
+                return lent
             with self._lock:
                 if self._Z is None:
                     assert self._grid is not None
@@ -321,7 +330,11 @@ class DensePayload:
         if grid is None or self._Z is None:
             return self
         # the grid's float32 test and norms, made once (`quantized` of rows on their grid)
-        return DensePayload._on_grid(grid, self.quantized())
+        out = DensePayload._on_grid(grid, self.quantized())
+        # while this payload lives (a fitted segment whose writes still run, its query
+        # already scanning the compact one), its float32 rows serve: not made a second time
+        out._lent = weakref.ref(self._Z)
+        return out
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a segment stores: the exact grid's ``U``, ``lo``, ``step`` when the rows lie

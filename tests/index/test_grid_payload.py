@@ -222,3 +222,22 @@ def test_compact_keeps_pixels_on_their_grid_and_real_rows_as_they_are(fashion):
     assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1])
     R = DensePayload(rng.normal(size=(100, 40)))
     assert R.compact() is R
+
+
+def test_a_compact_payload_borrows_the_float_rows_while_its_source_lives(fashion):
+    """A segment kept in memory for a query (`compact`) scans with its fitted segment's float32
+    rows while that one lives (its writes still running), not a second copy; once it is gone
+    the rows are made from the grid -- the same numbers either way."""
+    import gc
+
+    Z = fashion.X_train[:2_000].astype(np.float32) + np.float32(0.5)
+    src = DensePayload(Z.copy())
+    c = src.compact()
+    assert c.Z is src._Z and c.held_on_grid  # borrowed, not kept
+    q = DensePayload(fashion.X_test[:30].astype(np.float32))
+    lent = c.distances(q)
+    del src
+    gc.collect()
+    made = c.Z
+    assert made is not None and np.array_equal(made, Z) and not c.held_on_grid
+    assert np.array_equal(DensePayload(made).distances(q), lent)
