@@ -157,3 +157,31 @@ def test_kinds_are_found_by_configuration_and_manifest():
             method = "subspace"
 
         register_manifest(Clash)
+
+
+def test_a_kind_that_does_not_call_back_is_queried_after_its_build(letter_job, tmp_path):
+    """`driver.build_and_query` with a kind whose build never reports its operating point
+    early (`Run.calibrated`): the query is planned from the committed manifest and reads its
+    segments from the index; the answers are the exact neighbours."""
+    import scan_kind
+
+    from lshdist.config import QueryConfig
+
+    kinds.register(scan_kind.SCAN, scan_kind.ScanManifest)
+    plan = scan_kind.SCAN.plan_build(data=str(letter_job / "train-a"),
+                                     model=str(letter_job / "model"), out=str(tmp_path / "idx"),
+                                     cfg=IndexConfig(segment_rows=4000))
+
+    def plan_of(manifest):
+        assert manifest.method == "scan" and len(manifest.segments) == 4
+        return scan_kind.SCAN.plan_query(index=str(tmp_path / "idx"),
+                                         source=str(letter_job / "queries"),
+                                         out=str(tmp_path / "res"), cfg=QueryConfig(k=3))
+
+    with dask_client(workers=2, processes=False) as client:
+        m, r, seconds = driver.build_and_query(client, scan_kind.SCAN, plan, plan_of)
+    assert m.rows == 16000 and r["queries"] == 4000 and r["segments"] == 4
+    qids, nb, _, _ = read_results(tmp_path / "res")
+    got = nb[np.argsort(qids)]
+    assert np.array_equal(np.sort(got, axis=1), np.sort(_exact(letter_job, 3), axis=1))
+    assert seconds["index"] <= seconds["total"]
