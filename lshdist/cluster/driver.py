@@ -461,6 +461,7 @@ def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
     t0 = time.perf_counter()
     pool = ThreadPoolExecutor(1, thread_name_prefix="lshdist-build")
     built = pool.submit(build_job)
+    interrupted = False
     try:
         ready.wait()
         if got:
@@ -472,14 +473,19 @@ def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
         result = query(client, kind, plan, stall=stall, in_flight=in_flight,
                        segments=segments, homes=homes, gate=built.result)
         seconds["query"] = time.perf_counter() - t1
-    except BaseException:
+    except Exception:
         failed = built.exception()  # (waits for the build: its own waits are bounded)
         if failed is not None:  # the build's error is the cause
             raise failed from None
         raise
+    except BaseException:
+        # Ctrl-C: not held up by the build, which ends as any build does -- committed, or
+        # failed and cleaned up when the caller closes the client under it
+        interrupted = True
+        raise
     finally:
-        pool.shutdown(wait=True)
-        if hold is None:
+        pool.shutdown(wait=not interrupted)
+        if hold is None and not interrupted:
             client.cancel(held)
     seconds["total"] = time.perf_counter() - t0
     return built.result(), result, seconds

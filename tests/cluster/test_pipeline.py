@@ -568,3 +568,33 @@ def test_segments_are_spread_over_the_workers_by_rows():
     assert spread([100] * 5, ["a", "b"]) == ["a", "b", "a", "b", "a"]
     assert spread([10, 300, 200, 90], ["a", "b"]) == ["b", "a", "b", "b"]
     assert spread([1, 2], []) == [None, None]
+
+
+def _interrupted(*args, **kw):
+    raise KeyboardInterrupt
+
+
+def test_an_interrupted_query_does_not_wait_for_its_build(letter_job, tmp_path, monkeypatch):
+    """Ctrl-C while `build_and_query` plans its query: it returns at once (the build's writes
+    still held back), no results are written, and the build then ends as any build does."""
+    from lshdist.cluster import pipeline, tasks
+    from lshdist.cluster.pipeline import build_and_query
+    from lshdist.store.index import read_permutation_manifest
+
+    _HELD.update(started=threading.Event(), calls=[], write=tasks.write_fitted)
+    monkeypatch.setattr(tasks, "write_fitted", _held_write)
+    monkeypatch.setattr(pipeline, "_planned", _interrupted)
+    plan, following = _following(letter_job, tmp_path)
+    with dask_client(workers=2, processes=False) as client:
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            build_and_query(client, plan, following)
+        assert time.perf_counter() - t0 < 30  # not the held write's 60 s
+        assert not (tmp_path / "res").exists()
+        _HELD["started"].set()  # the write goes on; the build commits
+        for _ in range(600):
+            if (tmp_path / "idx").exists():
+                break
+            time.sleep(0.1)
+    assert read_permutation_manifest(tmp_path / "idx", "test").rows == 16000
+    assert not (tmp_path / "res").exists()
