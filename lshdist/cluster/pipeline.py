@@ -285,10 +285,11 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     kept: list[Any] = []
 
     def write(lists_kept: int | None) -> None:
-        # the segments kept in memory first (a few ms each, ahead of the writes on their
-        # workers): a query that follows need not wait for the writes
+        # the segments kept in memory first (submitted ahead of the writes, so run before
+        # them on their workers; after the calibration's timing task, submitted before):
+        # a query that follows need not wait for the writes
         if hold is not None:
-            kept.extend(client.submit(tasks.truncated, fit, lists_kept, pure=False, priority=1)
+            kept.extend(client.submit(tasks.truncated, fit, lists_kept, pure=False)
                         for fit in fits)
             held.extend(kept)
         writes.extend(_write_segments(client, fits, index_dir, names, lists_kept, path,
