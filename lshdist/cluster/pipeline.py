@@ -267,8 +267,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     # spread over the workers as a query loads them (`spread`): segments kept in memory for a
     # query (``hold``) are searched where they were fitted
     bounds = plan.data.shard_bounds
-    where = driver.spread([int(bounds[b] - bounds[a]) for a, b in plan.segments],
-                          driver.workers_of(client))
+    sizes = [int(bounds[b] - bounds[a]) for a, b in plan.segments]
+    where = driver.spread(sizes, driver.workers_of(client))
     # a fresh build of several segments calibrates on a sample read first: it runs while the
     # fits do (ahead of them on one worker, which the uneven fits leave waiting anyway), so
     # the segments' scans of it start as soon as each fit ends
@@ -342,10 +342,9 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
         if run.calibrated is not None and hold is not None and not plan.append:
             # the manifest to be committed, for the query's plan: its entries' checksums
             # come with the writes
-            rows = [int(bounds[b] - bounds[a]) for a, b in plan.segments]
             run.calibrated(_with_segments(replace(plan.manifest, **op), [
                 SegmentEntry(name=n, rows=r, permutations=keep or 0, checksum="")
-                for n, r in zip(names, rows)]), list(kept), driver.holders(client, fits))
+                for n, r in zip(names, sizes)]), list(kept), driver.holders(client, fits))
         for _ in driver.progress(writes, "index", stall):
             pass
         entries = [f.result() for f in writes]
