@@ -25,6 +25,13 @@ from lshdist.store.objects import ObjectPath
 #: a frame header, gzip: 5 bytes per 16 KiB block): a generous bound
 _CODEC_SLACK = 64 * 2**10
 
+#: the array config of every array lshdist writes: each chunk is stored, all-zero ones
+#: included.  Zarr's default (``write_empty_chunks`` off) compares every chunk with the fill
+#: value before it writes it: 100 of the 150 ms a 30,000 x 784 uint8 payload took to write
+#: (zarr 3.1, one core; 14 ms with this config, 9 ms for the bytes alone).  A chunk file
+#: that is missing then only ever means a damaged artefact.
+WRITE_CONFIG: dict[str, Any] = {"write_empty_chunks": True}
+
 
 def _chunk_limit(meta: Any) -> int | None:
     """The bytes one chunk of a Zarr v3 array may take on disk, from its metadata (None when it

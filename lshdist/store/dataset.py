@@ -55,7 +55,7 @@ from lshdist.blocks import Block, RowsLike, SparseBlock, take_rows, vstack_spars
 from lshdist.embed.pointsets import PointSets
 from lshdist.errors import FormatError, InputError
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.bounded import open_store, write_store
+from lshdist.store.bounded import WRITE_CONFIG, open_store, write_store
 from lshdist.store.files import load_json
 from lshdist.store.model import array_checksum
 from lshdist.store.objects import ObjectPath, as_path
@@ -202,20 +202,23 @@ def write_dataset(
         if not isinstance(X, SparseBlock):  # kind == "dense"
             sums["X"] = _row_sums(X, bounds)
             g.create_array("X", data=X, chunks=(int(min(shard_rows, n)), int(d)),
-                           compressors=ROWS_CODEC)
+                           compressors=ROWS_CODEC, config=WRITE_CONFIG)
         else:
             indptr, indices, data = X.to_arrays()
             sums["X"] = _csr_sums(indptr, bounds, indices, data)
             nnz = len(data)
             gx = g.create_group("X")
-            gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,))
+            gx.create_array("indptr", data=indptr, chunks=(int(min(shard_rows, n)) + 1,),
+                            config=WRITE_CONFIG)
             ck = (int(max(1, min(_SPARSE_CHUNK, nnz))),)
-            gx.create_array("indices", data=indices, chunks=ck, compressors=ROWS_CODEC)
-            gx.create_array("data", data=data, chunks=ck, compressors=ROWS_CODEC)
-            gx.create_array("shard_bounds", data=bounds)
+            gx.create_array("indices", data=indices, chunks=ck, compressors=ROWS_CODEC,
+                            config=WRITE_CONFIG)
+            gx.create_array("data", data=data, chunks=ck, compressors=ROWS_CODEC,
+                            config=WRITE_CONFIG)
+            gx.create_array("shard_bounds", data=bounds, config=WRITE_CONFIG)
         if y is not None:
-            g.create_array("y", data=y, chunks=(int(min(shard_rows, n)),))
-        g.create_array("ids", data=ids, chunks=(int(min(shard_rows, n)),))
+            g.create_array("y", data=y, chunks=(int(min(shard_rows, n)),), config=WRITE_CONFIG)
+        g.create_array("ids", data=ids, chunks=(int(min(shard_rows, n)),), config=WRITE_CONFIG)
         g.attrs.update(_sealed(
             {
                 "format": FORMAT,
@@ -279,14 +282,14 @@ def write_pointsets(
         g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         gp = g.create_group("P")
         gp.create_array("values", data=np.asarray(sets.values, np.float32),
-                        chunks=(point_chunk, d), compressors=ROWS_CODEC)
+                        chunks=(point_chunk, d), compressors=ROWS_CODEC, config=WRITE_CONFIG)
         gp.create_array("offsets", data=np.asarray(sets.offsets, np.int64),
-                        chunks=(int(min(shard_rows, n)) + 1,))
+                        chunks=(int(min(shard_rows, n)) + 1,), config=WRITE_CONFIG)
         if coords is not None:
-            gp.create_array("coords", data=coords, chunks=(point_chunk, 2))
+            gp.create_array("coords", data=coords, chunks=(point_chunk, 2), config=WRITE_CONFIG)
         if codes is not None:
-            g.create_array("y", data=codes, chunks=(int(min(shard_rows, n)),))
-        g.create_array("ids", data=ids_arr, chunks=(int(min(shard_rows, n)),))
+            g.create_array("y", data=codes, chunks=(int(min(shard_rows, n)),), config=WRITE_CONFIG)
+        g.create_array("ids", data=ids_arr, chunks=(int(min(shard_rows, n)),), config=WRITE_CONFIG)
         g.attrs.update(_sealed({"format": FORMAT, "version": VERSION, "N": int(n),
                                 "d": int(d), "kind": "pointsets", "nnz": len(sets.values),
                                 "shard_rows": int(shard_rows),
@@ -396,12 +399,13 @@ def write_dense_shards(
         g = zarr.open_group(write_store(tmp), mode="w", zarr_format=3)
         chunk = int(min(shard_rows, n))
         xa = g.create_array("X", shape=(n, d), dtype=dtype, chunks=(chunk, int(d)),
-                            compressors=ROWS_CODEC)
+                            compressors=ROWS_CODEC, config=WRITE_CONFIG)
         ya = None
         if classes is not None:
-            ya = g.create_array("y", shape=(n,), dtype=np.int32, chunks=(chunk,))
+            ya = g.create_array("y", shape=(n,), dtype=np.int32, chunks=(chunk,),
+                                config=WRITE_CONFIG)
         ids = np.arange(n, dtype=np.int64)
-        g.create_array("ids", data=ids, chunks=(chunk,))
+        g.create_array("ids", data=ids, chunks=(chunk,), config=WRITE_CONFIG)
         sums: dict[str, list[str]] = {"X": [], "ids": _row_sums(ids, bounds)}
         if ya is not None:
             sums["y"] = []

@@ -46,7 +46,7 @@ from lshdist.index.hyperplane import MarginDensePayload, MarginSparsePayload
 from lshdist.index.payload import DensePayload, KernelPayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
 from lshdist.store.atomic import atomic_write_text
-from lshdist.store.bounded import open_store, write_store
+from lshdist.store.bounded import WRITE_CONFIG, open_store, write_store
 from lshdist.store.dataset import CHUNK_CRC_MISMATCH, repeated_id
 from lshdist.store.files import dump_json, load_json
 from lshdist.store.manifest import FORMAT as FORMAT
@@ -235,7 +235,7 @@ def segment_zarr_arrays(path: Path | ObjectPath, arrays: dict[str, np.ndarray],
             else:  # whole rows: several short lists per chunk (zarr pays per chunk)
                 chunks = _chunks(a)
             g.create_array(key, data=a, chunks=chunks,
-                           compressors=None if raw else _PAYLOAD_CODEC)
+                           compressors=None if raw else _PAYLOAD_CODEC, config=WRITE_CONFIG)
         key = "zarr.json"
         g.attrs.update(attrs)
     except OSError as exc:  # zarr's writes do not say which file: a full disk names it here

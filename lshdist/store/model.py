@@ -22,7 +22,7 @@ from lshdist.blocks import SparseBlock
 from lshdist.errors import FormatError, InputError
 from lshdist.metric.learned import ExplicitMetric, ImplicitMetric
 from lshdist.store.atomic import atomic_dir
-from lshdist.store.bounded import open_store, write_store
+from lshdist.store.bounded import WRITE_CONFIG, open_store, write_store
 from lshdist.store.files import load_json
 from lshdist.store.objects import ObjectPath, as_path
 
@@ -94,7 +94,7 @@ def save_model(path: str | os.PathLike[str], metric: ExplicitMetric | ImplicitMe
     with atomic_dir(path, overwrite=overwrite, kind="lshdist-model") as tmp:
         g = zarr.open_group(write_store(tmp / "arrays"), mode="w", zarr_format=3)
         for name, a in arrays.items():
-            g.create_array(name, data=np.ascontiguousarray(a))
+            g.create_array(name, data=np.ascontiguousarray(a), config=WRITE_CONFIG)
         (tmp / "model.json").write_text(json.dumps(meta, indent=2, default=_json_default))
     return model_sum
 

@@ -395,3 +395,14 @@ def test_write_dense_shards_as_bytes(tmp_path):
     assert not (tmp_path / "bad").exists()
     with pytest.raises(InputError, match="float32 or uint8"):
         write_dense_shards(tmp_path / "bad", iter([]), n=1, d=1, shard_rows=1, dtype=np.int16)
+
+
+def test_every_chunk_is_written_all_zero_ones_included(tmp_path):
+    """Zarr's default skips a chunk equal to the fill value after comparing each one with it
+    (most of a write's time); lshdist writes every chunk, so a missing one is damage."""
+    X = np.zeros((30, 3), np.float32)
+    X[10:20] = 1.0  # shards 0 and 2 all zero
+    write_dataset(tmp_path / "ds", X, np.zeros(30, np.int64), shard_rows=10)
+    assert sorted(p.name for p in (tmp_path / "ds" / "X" / "c").iterdir()) == ["0", "1", "2"]
+    assert sorted(p.name for p in (tmp_path / "ds" / "y" / "c").iterdir()) == ["0", "1", "2"]
+    np.testing.assert_array_equal(Dataset(tmp_path / "ds").read_rows(0, 30), X)

@@ -373,3 +373,31 @@ def test_orphans_are_listed_and_removed_under_the_lock(index, tmp_path):
     m = read_manifest(index)
     for e in m["segments"]:
         read_segment(index, e, m)
+
+
+def test_a_segment_stores_every_chunk(tmp_path):
+    """All-zero payload rows are written too (zarr's ``write_empty_chunks``), and read back."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 2**63, size=(40, 2), dtype=np.int64).astype(np.uint64)
+    index = PermutationIndex(n_permutations=4, window=2, seed=0).fit(
+        codes, BITS, DensePayload(np.zeros((40, 5), np.float32)), np.arange(40))
+    root = tmp_path / "idx"
+    (root / "segments").mkdir(parents=True)
+    name = new_segment_name()
+    entry = write_segment(root, name, index).to_json()
+    write_manifest(root, {**base_manifest(), "segments": [entry], "rows": 40})
+    seg = root / "segments" / name
+    arrays = 0
+    for meta in seg.rglob("zarr.json"):
+        m = json.loads(meta.read_text())
+        if m["node_type"] != "array":
+            continue
+        arrays += 1
+        grid = m["chunk_grid"]["configuration"]["chunk_shape"]
+        want = int(np.prod([-(-n // c) for n, c in zip(m["shape"], grid, strict=True)]))
+        chunks = [f for f in (meta.parent / "c").rglob("*") if f.is_file()]
+        assert len(chunks) == want, meta.parent.relative_to(seg)
+    assert arrays >= 5
+    m = read_manifest(root)
+    back = read_segment(root, m["segments"][0], m)
+    np.testing.assert_array_equal(back.payload_.Z, 0)
