@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import FsspecStore, LocalStore
 
@@ -30,7 +31,7 @@ _CODEC_SLACK = 64 * 2**10
 #: value before it writes it: 100 of the 150 ms a 30,000 x 784 uint8 payload took to write
 #: (zarr 3.1, one core; 14 ms with this config, 9 ms for the bytes alone).  A chunk file
 #: that is missing then only ever means a damaged artefact.
-WRITE_CONFIG: dict[str, Any] = {"write_empty_chunks": True}
+WRITE_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
 
 def _chunk_limit(meta: Any) -> int | None:
