@@ -370,11 +370,12 @@ def build_groups(client: Any, plan: SubspaceBuildPlan, index_dir: Path | ObjectP
                                     retries=2))
         held += pieces
     held += writes
+    router = new_segment_name()
     try:
         entries = driver.wait_all(writes, "groups", stall)
-        checksum = write_subspaces(index_dir, np.stack(part.bases), part.center)
+        checksum = write_subspaces(index_dir, np.stack(part.bases), part.center, router)
     except BaseException:
-        remove_unnamed(index_dir, names)
+        remove_unnamed(index_dir, [*names, router])
         raise
     finally:
         client.cancel(held)
@@ -386,9 +387,10 @@ def build_groups(client: Any, plan: SubspaceBuildPlan, index_dir: Path | ObjectP
         # the recall a query calibrates --probe and --candidates for on a sample of its
         # queries (None: they were fixed here)
         target_recall=None if {"probe", "candidates"} & cfg.given_ else cfg.target_recall,
-        rounds=tuple(part.rounds), group_sizes=tuple(sizes), subspaces_checksum=checksum)
+        rounds=tuple(part.rounds), group_sizes=tuple(sizes), subspaces_checksum=checksum,
+        router=router)
     manifest = SubspaceManifest(**plan.head, rows=int(sum(sizes)), segments=tuple(entries),
                                 subspace=record)
     log.info("subspace index %s: %d rows in %d groups, %.1fs", plan.out, sum(sizes), len(sizes),
              time.perf_counter() - t0)
-    return driver.Built(names, lambda current: manifest)
+    return driver.Built([*names, router], lambda current: manifest)

@@ -909,12 +909,14 @@ def list_orphans(index_dir: str | os.PathLike[str], *, min_age: float | None = N
     if is_url(index_dir):
         return list(_object_orphans(ObjectPath(str(index_dir)), min_age))
     root = Path(index_dir)
-    named = set(read_index_manifest(root).segment_names)
+    manifest = read_index_manifest(root)
+    named = set(manifest.segment_names)
     out: list[Path | ObjectPath] = []
     seg_root = root / SEGMENTS
     with unreadable(f"index {str(root)!r}"):
         if seg_root.is_dir():
             out += sorted(p for p in seg_root.iterdir() if p.name not in named)
+        out += _unnamed_router(root, manifest)
         leftover = re.compile(r"\..*\.(tmp|old)-[0-9a-f]+")
         out += sorted(p for p in root.iterdir() if leftover.fullmatch(p.name))
         mine = re.compile(re.escape(f".{Path(os.path.abspath(root)).name}.")
@@ -922,6 +924,17 @@ def list_orphans(index_dir: str | os.PathLike[str], *, min_age: float | None = N
         parent = Path(os.path.abspath(root)).parent
         out += sorted(p for p in parent.iterdir() if mine.fullmatch(p.name))
     return out
+
+
+def _unnamed_router(root: Path | ObjectPath, manifest: AnyManifest) -> list[Path | ObjectPath]:
+    """``subspaces/`` (where subspace indexes stored their router before it was named by the
+    manifest), when the manifest does not read it: left behind on object storage by a build
+    that replaced such an index in place."""
+    from lshdist.store.subspace import SUBSPACES
+
+    legacy = isinstance(manifest, SubspaceManifest) and manifest.subspace.router is None
+    path = root / SUBSPACES
+    return [path] if not legacy and path.is_dir() else []
 
 
 #: on object storage, an unnamed segment younger than this may be an append still running (no
@@ -934,8 +947,9 @@ def _object_orphans(root: ObjectPath, min_age: float | None = None) -> list[Obje
     object is older than ``min_age`` seconds (`ORPHAN_AGE`); one whose age the store does not
     say is kept (it could be a running append's)."""
     age = ORPHAN_AGE if min_age is None else min_age
-    named = set(read_index_manifest(root).segment_names)
-    out = []
+    manifest = read_index_manifest(root)
+    named = set(manifest.segment_names)
+    out = [p for p in _unnamed_router(root, manifest) if isinstance(p, ObjectPath)]
     for p in (root / SEGMENTS).iterdir():
         if p.name in named:
             continue

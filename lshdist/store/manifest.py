@@ -184,15 +184,18 @@ class HashFamily:
 
 _RECORD_KEYS = ("version", "rank", "bits", "eta", "alpha", "max_rounds", "min_group",
                 "krylov_iters", "n_probe", "n_candidates", "target_recall", "rounds",
-                "group_sizes", "subspaces_checksum")
+                "group_sizes", "subspaces_checksum", "router")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubspaceRecord:
     """A subspace index's build record (the manifest's ``subspace``): parameters, rounds,
-    group sizes and the checksum of ``subspaces/``; ``target_recall`` None where ``--probe``
-    and ``--candidates`` were fixed at the build (or, in indexes written before it was
-    recorded, absent)."""
+    group sizes and the checksum of the router (the groups' bases and the centre);
+    ``target_recall`` None where ``--probe`` and ``--candidates`` were fixed at the build (or,
+    in indexes written before it was recorded, absent).  ``router``: the segment directory the
+    router is stored in, a fresh name each build, so that a build replacing an index on
+    object storage never writes over the router the old manifest names; None (absent) in
+    indexes written before, whose router is ``subspaces/``."""
 
     version: int
     rank: int
@@ -208,6 +211,7 @@ class SubspaceRecord:
     rounds: tuple[Round, ...]
     group_sizes: tuple[int, ...]
     subspaces_checksum: str
+    router: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     layout: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -217,6 +221,8 @@ class SubspaceRecord:
         body["group_sizes"] = list(self.group_sizes)
         if self.layout and "target_recall" not in self.layout and self.target_recall is None:
             del body["target_recall"]  # as read: written before it was recorded
+        if self.router is None:
+            del body["router"]  # the router in ``subspaces/`` (indexes written before)
         return _ordered(body, self.extra, self.layout)
 
     @classmethod
@@ -371,6 +377,13 @@ class SubspaceManifest(IndexManifest):
 
     segments: tuple[GroupEntry, ...]
     subspace: SubspaceRecord
+
+    @property
+    def segment_names(self) -> list[str]:
+        """The segment directory names, in manifest order, then the router's (when it is
+        stored as a segment directory: `SubspaceRecord.router`)."""
+        router = [self.subspace.router] if self.subspace.router is not None else []
+        return [*(e.name for e in self.segments), *router]
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -150,13 +150,25 @@ def read_group(index_dir: str | os.PathLike[str], entry: GroupEntry | Mapping[st
     return GroupSegment(entry.group, group, ids, DensePayload(arrays["payload/Z"]))
 
 
+def router_path(index_dir: str | os.PathLike[str], manifest: SubspaceManifest
+                ) -> Path | ObjectPath:
+    """Where an index's router is: the segment directory its record names, or, for an index
+    written before routers were named, ``subspaces/``."""
+    from lshdist.store.index import segment_path
+
+    name = manifest.subspace.router
+    return as_path(index_dir) / SUBSPACES if name is None else segment_path(index_dir, name)
+
+
 def write_subspaces(index_dir: str | os.PathLike[str], bases: np.ndarray,
-                    center: np.ndarray) -> str:
-    """Write the router (``bases`` (G, d, k), ``center`` (d,)); returns its checksum."""
-    from lshdist.store.index import segment_zarr_arrays
+                    center: np.ndarray, name: str) -> str:
+    """Write the router (``bases`` (G, d, k), ``center`` (d,)) as the segment directory
+    ``name`` (`lshdist.store.index.new_segment_name`: nothing the index's current manifest
+    names is written over); returns its checksum."""
+    from lshdist.store.index import segment_path, segment_zarr_arrays
 
     arrays = {"bases": np.asarray(bases, np.float64), "center": np.asarray(center, np.float64)}
-    segment_zarr_arrays(as_path(index_dir) / SUBSPACES, arrays,
+    segment_zarr_arrays(segment_path(index_dir, name), arrays,
                         {"method": METHOD, "version": SUBSPACE_VERSION})
     return _checksum(arrays)
 
@@ -170,7 +182,7 @@ def read_subspaces(index_dir: str | os.PathLike[str], manifest: SubspaceManifest
     FormatError
         For a missing, unreadable, altered or inconsistent ``subspaces/`` group.
     """
-    path = as_path(index_dir) / SUBSPACES
+    path = router_path(index_dir, manifest)
     where = f"the subspaces of index {str(index_dir)!r} ({str(path)!r})"
     try:
         g = zarr.open_group(open_store(path), mode="r", zarr_format=3)
@@ -215,6 +227,14 @@ def check_subspace_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> No
         if key not in rec or not _is(rec[key], types):
             raise FormatError(f"{where}: subspace.{key}={rec.get(key)!r} is missing or of the "
                               f"wrong type; {_REBUILD}")
+    router = rec.get("router")  # absent in indexes written before: ``subspaces/``
+    if router is not None:
+        from lshdist.store.index import segment_path
+
+        if not isinstance(router, str):
+            raise FormatError(f"{where}: subspace.router={router!r} is not a segment name; "
+                              f"{_REBUILD}")
+        segment_path(path, router)
     target = rec.get("target_recall")  # absent in indexes written before it was recorded
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
                                or not 0.0 < target <= 1.0):
@@ -247,6 +267,9 @@ def check_subspace_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> No
             raise FormatError(f"{where}: segments[{i}] (group {e['group']}, {e['rows']} rows) "
                               f"is listed twice, out of order or empty; {_REBUILD}")
         seen.add(e["name"])
+    if router in seen:
+        raise FormatError(f"{where}: subspace.router={router!r} is also a group's segment; "
+                          f"{_REBUILD}")
     sizes = [e["rows"] for e in segs]
     if rec["group_sizes"] != sizes or sum(sizes) != meta["rows"] or (
             len(rounds) > len(segs)

@@ -205,7 +205,7 @@ def test_damaged_files_are_refused(built, job, tmp_path):
     root = job[0]
     m = read_manifest(built)
     for what, target in [("segment", f"segments/{m['segments'][1]['name']}/payload/Z"),
-                         ("router", "subspaces/bases")]:
+                         ("router", f"segments/{m['subspace']['router']}/bases")]:
         bad = tmp_path / what
         shutil.copytree(built, bad)
         chunk = next(p for p in sorted((bad / target).rglob("*")) if p.is_file()
@@ -229,6 +229,50 @@ def test_damaged_files_are_refused(built, job, tmp_path):
     (bad / "index.json").write_text(json.dumps(meta))
     with pytest.raises(FormatError, match="subspace index version 99"):
         read_manifest(bad)
+
+
+def test_the_router_is_a_named_segment_and_older_indexes_still_read(built, job, tmp_path):
+    """A build stores the router in a segment directory of a fresh name that the manifest
+    records (a build replacing an index in place never writes over the router the old
+    manifest names); an index written before, its router in ``subspaces/``, still reads, and
+    ``subspaces/`` beside a named router is an orphan."""
+    from lshdist.store.index import list_orphans, manifest_checksum
+
+    root = job[0]
+    m = read_manifest(built)
+    router = m["subspace"]["router"]
+    assert router not in {e["name"] for e in m["segments"]}
+    assert (built / "segments" / router / "bases").is_dir()
+    assert not (built / "subspaces").exists() and list_orphans(built) == []
+    old = tmp_path / "legacy"
+    shutil.copytree(built, old)
+    (old / "segments" / router).rename(old / "subspaces")
+    meta = json.loads((old / "index.json").read_text())
+    del meta["subspace"]["router"]
+    meta["checksum"] = manifest_checksum(meta)
+    (old / "index.json").write_text(json.dumps(meta))
+    assert verify_index(old)["subspace"].get("router") is None and list_orphans(old) == []
+    for index, out in ((built, "new"), (old, "old")):
+        assert main(["query", "--index", str(index), "--queries", str(root / "queries"),
+                     "--k", "4", "--out", str(tmp_path / out), "--in-process"]) == 0
+    ids = 10 * N + np.arange(NQ)
+    assert np.array_equal(read_results(tmp_path / "new", ids)[1],
+                          read_results(tmp_path / "old", ids)[1])
+    stale = tmp_path / "stale"
+    shutil.copytree(built, stale)
+    shutil.copytree(old / "subspaces", stale / "subspaces")
+    assert list_orphans(stale) == [stale / "subspaces"]
+    # a router name that is not a segment name, or is a group's, is refused
+    for bad_name, match in (("../x", "is not seg-<16 hex digits>"),
+                            (m["segments"][0]["name"], "is also a group's segment")):
+        bad = tmp_path / f"bad-{len(bad_name)}"
+        shutil.copytree(built, bad)
+        meta = json.loads((bad / "index.json").read_text())
+        meta["subspace"]["router"] = bad_name
+        meta["checksum"] = manifest_checksum(meta)
+        (bad / "index.json").write_text(json.dumps(meta))
+        with pytest.raises(FormatError, match=match):
+            read_manifest(bad)
 
 
 def test_other_jobs_refuse_a_subspace_index(built, job, tmp_path):

@@ -323,6 +323,20 @@ def test_subspace_and_hyperplane_indexes_on_s3(bucket, letter_small, tmp_path):
     for remote, local in zip(*answers):
         np.testing.assert_array_equal(remote[1][np.argsort(remote[0])],
                                       local[1][np.argsort(local[0])])
+    # replaced in place on s3://, the subspace index's router goes to a new name: the one the
+    # old manifest names is never written over (a failed build leaves the old index whole)
+    from lshdist.store.index import read_manifest
+
+    sub = ObjectPath(f"{bucket}/run/sub")
+    before = read_manifest(str(sub))
+    assert _lshdist("index", "--data", f"{bucket}/run/tr", "--model", f"{bucket}/run/model",
+                    "--out", str(sub), "--method", "subspace", "--seed", "3", "--overwrite",
+                    "--in-process") == 0
+    after = read_manifest(str(sub))
+    assert after["subspace"]["router"] != before["subspace"]["router"]
+    assert sorted(p.name for p in (sub / "segments").iterdir()) == sorted(
+        [e["name"] for e in after["segments"]] + [after["subspace"]["router"]])
+    assert _lshdist("verify", str(sub)) == 0
 
 
 @pytest.mark.drills
