@@ -930,11 +930,17 @@ def _unnamed_router(root: Path | ObjectPath, manifest: AnyManifest) -> list[Path
     """``subspaces/`` (where subspace indexes stored their router before it was named by the
     manifest), when the manifest does not read it: left behind on object storage by a build
     that replaced such an index in place."""
-    from lshdist.store.subspace import SUBSPACES
+    from lshdist.store.subspace import METHOD, SUBSPACES
 
     legacy = isinstance(manifest, SubspaceManifest) and manifest.subspace.router is None
     path = root / SUBSPACES
-    return [path] if not legacy and path.is_dir() else []
+    if legacy or not path.is_dir():
+        return []
+    try:  # only a router lshdist wrote (a Zarr group of the subspace method), nothing else
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [path] if isinstance(attrs, dict) and attrs.get("method") == METHOD else []
 
 
 #: on object storage, an unnamed segment younger than this may be an append still running (no

@@ -262,6 +262,10 @@ def test_the_router_is_a_named_segment_and_older_indexes_still_read(built, job, 
     shutil.copytree(built, stale)
     shutil.copytree(old / "subspaces", stale / "subspaces")
     assert list_orphans(stale) == [stale / "subspaces"]
+    shutil.rmtree(stale / "subspaces")
+    (stale / "subspaces").mkdir()  # not a router lshdist wrote: not an orphan
+    (stale / "subspaces" / "notes.txt").write_text("mine")
+    assert list_orphans(stale) == []
     # a router name that is not a segment name, or is a group's, is refused
     for bad_name, match in (("../x", "is not seg-<16 hex digits>"),
                             (m["segments"][0]["name"], "is also a group's segment")):
