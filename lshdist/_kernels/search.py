@@ -376,20 +376,29 @@ def grid_floor(lo, hi):
 
 @njit(cache=True, nogil=True)
 def grid_unit_block(Z, lo, floor, a, b):
-    """The smallest positive ``Z - lo`` over rows ``a:b`` (inf if none), or -1 as soon as a
-    row has one below ``floor`` (no uint8 grid: real-valued rows fail at their first row).
-    Row by row, the inner loop branch-free."""
+    """The smallest positive ``Z - lo`` over rows ``a:b`` (inf if none), or -1 when one is
+    below ``floor`` (no uint8 grid: real-valued rows fail within their first 64 rows).
+
+    Per column, in float32, the rows' minima kept in a (d,) vector: the inner loop runs over
+    the columns without a dependency between them, so it vectorises (30,000 x 784 Fashion-MNIST
+    rows: 14 ms against 48 for a float64 minimum per row).  The float32 differences decide
+    nothing a float64 one would not: rows that `grid_fill_block` accepts with unit g are
+    exactly ``lo + g u`` with ``g u`` a float32 number (`grid_table_exact`), so each ``z - lo``
+    is that number and float32 subtraction returns it exactly -- both compute the same unit;
+    rows off every grid fail the fill whatever unit they are given."""
     d = Z.shape[1]
-    g = np.inf
+    inf = np.float32(np.inf)
+    zero = np.float32(0.0)
+    m = np.full(d, inf, dtype=np.float32)
     for r in range(a, b):
-        m = np.inf
         for j in range(d):
-            t = np.float64(Z[r, j]) - np.float64(lo[j])
-            m = min(m, t if t > 0.0 else np.inf)
-        if m < floor:
+            t = Z[r, j] - lo[j]
+            t = t if t > zero else inf
+            m[j] = t if t < m[j] else m[j]
+        if (r - a) & 63 == 0 and d and np.float64(m.min()) < floor:
             return -1.0
-        g = min(g, m)
-    return g
+    g = np.float64(m.min()) if d else np.inf
+    return -1.0 if g < floor else g
 
 
 @njit(cache=True, nogil=True)

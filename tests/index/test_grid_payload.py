@@ -241,3 +241,53 @@ def test_a_compact_payload_borrows_the_float_rows_while_its_source_lives(fashion
     made = c.Z
     assert made is not None and np.array_equal(made, Z) and not c.held_on_grid
     assert np.array_equal(DensePayload(made).distances(q), lent)
+
+
+def _unit_f64(Z, lo, floor):
+    """The grid unit as first written: per row, the smallest positive ``z - lo`` in float64."""
+    t = Z.astype(np.float64) - lo.astype(np.float64)
+    t = np.where(t > 0.0, t, np.inf)
+    rows = t.min(axis=1) if t.shape[1] else np.full(len(t), np.inf)
+    return -1.0 if np.any(rows < floor) else float(rows.min(initial=np.inf))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_float32_unit_gives_the_float64_units_grid(fashion, seed):
+    """The unit found in float32, per column, makes the same grid decision as the float64
+    one per row: where `exact_grid` accepts, the float64 unit is the same number; where it
+    refuses, the float64 unit is refused too (below the floor, not a float32, or its fill
+    fails).  Rows: pixels scaled by a power of two and shifted, integers with negative
+    minima, either one with an entry nudged off the grid by an ulp or by a small step, and
+    real values.  Bug caught: a float32 difference rounding to a unit the float64 path would
+    not take."""
+    from lshdist._kernels.search import grid_fill_block, grid_floor, grid_table_exact, grid_unit
+
+    rng = np.random.default_rng(seed)
+    base = fashion.X_train[rng.permutation(60_000)[:700], :60].astype(np.float32)
+    kind = seed % 4
+    if kind == 0:
+        Z = base * np.float32(2.0 ** -int(rng.integers(0, 12))) - np.float32(rng.integers(-9, 9))
+    elif kind == 1:
+        Z = rng.integers(-120, 130, size=(700, 60)).astype(np.float32)
+    elif kind == 2:
+        Z = base * np.float32(0.5) + np.float32(1000.25)
+    else:
+        Z = rng.normal(size=(700, 60)).astype(np.float32) * np.float32(rng.uniform(1e-3, 1e3))
+    if seed >= 4 and kind != 3:
+        i, j = rng.integers(0, 700), rng.integers(0, 60)
+        Z[i, j] = np.nextafter(Z[i, j], np.float32(np.inf)) if seed % 2 else Z[i, j] + np.float32(
+            rng.choice([0.5, 0.125, 1e-3]))
+    Z = np.ascontiguousarray(Z)
+    lo, hi = column_bounds(Z, 0, len(Z))
+    ok, g, _ = exact_grid(Z, lo, hi)
+    ref = _unit_f64(Z, lo, grid_floor(lo, hi))
+    if ok:
+        assert ref == g
+        return
+    if ref < 0.0 or grid_unit(ref) < 0.0:
+        return
+    umax = np.zeros(Z.shape[1], dtype=np.uint8)
+    V = np.empty(Z.shape, dtype=np.uint8)
+    g64 = grid_unit(ref)
+    assert not (grid_fill_block(Z, lo, g64, 0, len(Z), V, umax)
+                and grid_table_exact(lo, np.full(Z.shape[1], np.float32(g64)), umax))
