@@ -937,9 +937,10 @@ def _unnamed_router(root: Path | ObjectPath, manifest: AnyManifest) -> list[Path
     if legacy or not path.is_dir():
         return []
     try:  # only a router lshdist wrote (a Zarr group of the subspace method), nothing else
-        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
-    except (OSError, ValueError, AttributeError):
+        meta = load_json(path / "zarr.json", "subspaces/zarr.json", "", root=path)
+    except (OSError, FormatError):
         return []
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
     return [path] if isinstance(attrs, dict) and attrs.get("method") == METHOD else []
 
 
@@ -949,14 +950,16 @@ ORPHAN_AGE = 6 * 3600.0
 
 
 def _object_orphans(root: ObjectPath, min_age: float | None = None) -> list[ObjectPath]:
-    """The segments under ``root/segments`` that its manifest does not name and whose newest
-    object is older than ``min_age`` seconds (`ORPHAN_AGE`); one whose age the store does not
-    say is kept (it could be a running append's)."""
+    """The segments under ``root/segments`` that its manifest does not name, and a stale
+    ``subspaces/`` (`_unnamed_router`), whose newest object is older than ``min_age`` seconds
+    (`ORPHAN_AGE`); one whose age the store does not say is kept (it could be a running
+    append's)."""
     age = ORPHAN_AGE if min_age is None else min_age
     manifest = read_index_manifest(root)
     named = set(manifest.segment_names)
-    out = [p for p in _unnamed_router(root, manifest) if isinstance(p, ObjectPath)]
-    for p in (root / SEGMENTS).iterdir():
+    stale = [p for p in _unnamed_router(root, manifest) if isinstance(p, ObjectPath)]
+    out: list[ObjectPath] = []
+    for p in [*stale, *(root / SEGMENTS).iterdir()]:  # the router's age kept as a segment's
         if p.name in named:
             continue
         written = p.age()

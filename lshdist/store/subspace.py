@@ -227,10 +227,10 @@ def check_subspace_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> No
         if key not in rec or not _is(rec[key], types):
             raise FormatError(f"{where}: subspace.{key}={rec.get(key)!r} is missing or of the "
                               f"wrong type; {_REBUILD}")
+    from lshdist.store.index import segment_path
+
     router = rec.get("router")  # absent in indexes written before: ``subspaces/``
     if router is not None:
-        from lshdist.store.index import segment_path
-
         if not isinstance(router, str):
             raise FormatError(f"{where}: subspace.router={router!r} is not a segment name; "
                               f"{_REBUILD}")
@@ -255,8 +255,6 @@ def check_subspace_manifest(meta: dict[str, Any], path: Path | ObjectPath) -> No
                           f"{{round, remaining, alpha, threshold, captured}}; {_REBUILD}") from None
     segs = meta["segments"]
     seen: set[str] = set()
-    from lshdist.store.index import segment_path
-
     for i, e in enumerate(segs):
         if not isinstance(e, dict) or set(e) != set(_ENTRY) or not all(
                 _is(e[key], t) for key, t in _ENTRY.items()):

@@ -267,9 +267,11 @@ def test_the_router_is_a_named_segment_and_older_indexes_still_read(built, job, 
     (stale / "subspaces" / "notes.txt").write_text("mine")
     assert list_orphans(stale) == []
     # a router name that is not a segment name, or is a group's, is refused
-    for bad_name, match in (("../x", "is not seg-<16 hex digits>"),
-                            (m["segments"][0]["name"], "is also a group's segment")):
-        bad = tmp_path / f"bad-{len(bad_name)}"
+    for i, (bad_name, match) in enumerate((("../x", "is not seg-<16 hex digits>"),
+                                           (5, "router=5 is not a segment name"),
+                                           (m["segments"][0]["name"],
+                                            "is also a group's segment"))):
+        bad = tmp_path / f"bad-{i}"
         shutil.copytree(built, bad)
         meta = json.loads((bad / "index.json").read_text())
         meta["subspace"]["router"] = bad_name

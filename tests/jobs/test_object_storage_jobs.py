@@ -337,6 +337,13 @@ def test_subspace_and_hyperplane_indexes_on_s3(bucket, letter_small, tmp_path):
     assert sorted(p.name for p in (sub / "segments").iterdir()) == sorted(
         [e["name"] for e in after["segments"]] + [after["subspace"]["router"]])
     assert _lshdist("verify", str(sub)) == 0
+    # a router left in subspaces/ by an index of the layout before is gc's, once old enough
+    from lshdist.store.index import list_orphans
+
+    (sub / "segments" / after["subspace"]["router"]).copytree(sub / "subspaces")
+    assert list_orphans(str(sub)) == []  # younger than ORPHAN_AGE: kept
+    assert list_orphans(str(sub), min_age=0) == [sub / "subspaces"]
+    assert _lshdist("verify", str(sub)) == 0
 
 
 @pytest.mark.drills
