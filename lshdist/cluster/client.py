@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import inspect
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lshdist.cluster.heartbeat import SchedulerWatch
+from lshdist.cluster.heartbeat import SchedulerWatch, mark_seen
 from lshdist.config import ClusterConfig
 from lshdist.errors import ClusterError, InputError
 
@@ -351,6 +352,13 @@ def _bound_calls(client: Any, stall: float, watch: SchedulerWatch) -> None:
     def bounded(func: Any, *args: Any, callback_timeout: Any = None, asynchronous: Any = None,
                 **kwargs: Any) -> Any:
         async def watched() -> Any:
+            # the task running this call (distributed's wait_for) has its failure read even
+            # when nothing waits for it any longer: a call whose caller gave up at the stall
+            # timeout, failing once the client had closed, was logged by asyncio with a
+            # traceback after the job's one-line error (the frozen-scheduler drill, rarely)
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(mark_seen)
             out = func(*args, **kwargs)
             return await watch.race(out) if inspect.isawaitable(out) else out
 

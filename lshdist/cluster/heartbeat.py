@@ -78,7 +78,7 @@ class SchedulerWatch:
         cancelled without waiting for its cancellation (closing a connection to a stopped
         process may itself wait)."""
         question = asyncio.ensure_future(self.client.scheduler.identity(n_workers=0))
-        question.add_done_callback(_seen)
+        question.add_done_callback(mark_seen)
         try:
             done, _ = await asyncio.wait({question}, timeout=self.every)
         finally:
@@ -117,12 +117,12 @@ class SchedulerWatch:
     async def race(self, work: Awaitable[T]) -> T:
         """``await work``, or a `ClusterError` as soon as the scheduler is lost (the work is
         then cancelled).  Runs on the client's event loop.  The work's failure is read even
-        when its caller gave up on it (`_seen`): a wait abandoned by a stall timeout in the
+        when its caller gave up on it (`mark_seen`): a wait abandoned by a stall timeout in the
         same turn of the loop as its futures were cancelled finished with
         ``FuturesCancelledError``, and asyncio logged that with a traceback after the job's
         one-line error (seen in the frozen-scheduler drill)."""
         task = asyncio.ensure_future(work)
-        task.add_done_callback(_seen)
+        task.add_done_callback(mark_seen)
         if self._stopped or self._event is None:  # closing, or not started yet
             return await task
         if self.lost is not None:
@@ -140,7 +140,7 @@ class SchedulerWatch:
         raise ClusterError(self.lost or "the Dask scheduler was lost")
 
 
-def _seen(question: asyncio.Future[Any]) -> None:
+def mark_seen(question: asyncio.Future[Any]) -> None:
     """A question's failure is read (asyncio logs a task's exception that nobody read, with
     its traceback: a question that fails after it was given up, at shutdown)."""
     if not question.cancelled():
