@@ -95,6 +95,10 @@ class Loaded:
     owned: bool = True  # the driver loaded the segments (and releases them at the end)
 
 
+#: `Run.calibrated`'s callback: (manifest, segments, homes, shared)
+Calibrated = Callable[[Any, list[Any], list[str | None], dict[str, Any]], None]
+
+
 @dataclass
 class Run:
     """A job's settings every step of every kind reads: the stall timeout, and (a fresh build)
@@ -104,11 +108,12 @@ class Run:
     stall: float = ClusterConfig.stall_timeout
     hold: list[Any] | None = None
     #: (a fresh build with ``hold``) called on the build's thread once its operating point is
-    #: fixed, its segments' writes still running: ``calibrated(manifest, segments, homes)``
-    #: with the manifest the build will commit (its segment entries' checksums not known yet:
-    #: for planning a query, never written), the futures of the segments as they will be
-    #: written and the worker of each (`build_and_query`)
-    calibrated: Callable[[Any, list[Any], list[str | None]], None] | None = None
+    #: fixed, its segments' writes still running: ``calibrated(manifest, segments, homes,
+    #: shared)`` with the manifest the build will commit (its segment entries' checksums not
+    #: known yet: for planning a query, never written), the futures of the segments as they
+    #: will be written, the worker of each, and futures the kind's query reads by name
+    #: besides its own (`Loaded.shared`: what the build found for it) (`build_and_query`)
+    calibrated: Calibrated | None = None
 
 
 class BuildPlanLike(Protocol):
@@ -233,7 +238,7 @@ COMMIT_RETRIES = 20
 def build(client: Any, kind: IndexKind, plan: BuildPlanLike, *,
           stall: float = ClusterConfig.stall_timeout,
           hold: list[Any] | None = None,
-          calibrated: Callable[[Any, list[Any], list[str | None]], None] | None = None
+          calibrated: Calibrated | None = None
           ) -> IndexManifest:
     """Run a kind's planned build on ``client``; returns the committed manifest.
 
@@ -373,7 +378,8 @@ def cancel_unshared(client: Any, futures: Sequence[Any]) -> None:
 def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
           stall: float = ClusterConfig.stall_timeout, in_flight: int | None = None,
           segments: list[Any] | None = None, homes: list[str | None] | None = None,
-          gate: Callable[[], Any] | None = None) -> dict[str, Any]:
+          gate: Callable[[], Any] | None = None, shared: dict[str, Any] | None = None
+          ) -> dict[str, Any]:
     """Run a kind's planned query on ``client``; returns ``{queries, segments, out}`` and what
     the kind's `IndexKind.prepare` recorded.
 
@@ -384,12 +390,14 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
     ``homes``: the worker of each (default: where each is now).  ``gate``: called once every
     chunk is answered, before the results are committed (what it raises fails the query,
     nothing of its results kept): `build_and_query` waits there for its build's commit.
+    ``shared``: futures added to the kind's own (`Loaded.shared`; the caller's to release).
     """
     cfg = plan.cfg
     run = Run(stall=stall)
-    shared, loads = kind.load(client, plan)
+    own, loads = kind.load(client, plan)
+    shared = {**own, **(shared or {})}
     if segments is not None and len(segments) != len(loads):
-        cancel_unshared(client, list(shared.values()))
+        cancel_unshared(client, list(own.values()))
         raise InputError(f"{len(segments)} segments in memory for an index of {len(loads)}: "
                          "pass the ones its build held")
     if segments is None:
@@ -400,7 +408,9 @@ def query(client: Any, kind: IndexKind, plan: QueryPlanLike, *,
         loaded = Loaded(shared, list(segments),
                         holders(client, segments) if homes is None else list(homes),
                         owned=False)
-    release = [*shared.values(), *(loaded.segments if loaded.owned else [])]
+    # (the caller's shared futures are dropped, not cancelled: a cancel also cancels what
+    # depends on them, which the caller may have let go of already)
+    release = [*own.values(), *(loaded.segments if loaded.owned else [])]
     window = in_flight or 2 * max(1, len(workers_of(client)))
     chunks = query_chunks(plan.bounds, chunk_rows(cfg.query_chunk, cfg.k))
     ahead = getattr(kind, "speculative", lambda p: None)(plan)
@@ -446,8 +456,9 @@ def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
     got: dict[str, Any] = {}
     seconds: dict[str, float] = {}
 
-    def calibrated(manifest: Any, segments: list[Any], homes: list[str | None]) -> None:
-        got.update(manifest=manifest, segments=segments, homes=homes)
+    def calibrated(manifest: Any, segments: list[Any], homes: list[str | None],
+                   shared: dict[str, Any]) -> None:
+        got.update(manifest=manifest, segments=segments, homes=homes, shared=shared)
         ready.set()
 
     def build_job() -> IndexManifest:
@@ -471,7 +482,8 @@ def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
             plan, segments, homes = plan_query(built.result()), held or None, None
         t1 = time.perf_counter()
         result = query(client, kind, plan, stall=stall, in_flight=in_flight,
-                       segments=segments, homes=homes, gate=built.result)
+                       segments=segments, homes=homes, gate=built.result,
+                       shared=got.get("shared"))
         seconds["query"] = time.perf_counter() - t1
     except Exception:
         failed = built.exception()  # (waits for the build: its own waits are bounded)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,6 +82,17 @@ def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: 
 # ---------------------------------------------------------------------------------- build
 
 
+@dataclass(frozen=True)
+class CheckSample:
+    """The recall check of the query planned with a build (`build_and_query`): the query
+    set, its sample's rows (`check_rows`) and k.  The build finds their exact neighbours on
+    the fitted segments (`tasks.check_truth`), which still hold their float32 rows."""
+
+    queries: str
+    rows: np.ndarray
+    k: int
+
+
 @dataclass
 class BuildPlan:
     """A checked index build: everything `run_build` needs, nothing started."""
@@ -101,6 +112,7 @@ class BuildPlan:
     list_bytes: int = 0  # permutation lists of the largest segment
     batch: str | None = None  # the append's label, recorded in the manifest's batches
     skipped: bool = False  # the batch had landed already: nothing was (or will be) built
+    check: CheckSample | None = None  # (a fresh build with a following query) its recall check
 
     @property
     def inputs(self) -> tuple[Any, ...]:
@@ -281,6 +293,9 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
+    truths = _CheckTruths(client, replace(plan, check=None) if hold is None else plan, fits,
+                          where, family_f)
+    shared: dict[str, Any] = {}
     writes: list[Any] = []
     kept: list[Any] = []
 
@@ -307,7 +322,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             pooled = _merged_grid(client, fits, family_f, cfg.k, cfg.target_recall, fixed,
                                   stall, data=path, shards=plan.segments[0],
                                   queries=cfg.calibration_queries, seed=cfg.seed, held=held,
-                                  n_parts=len(fits), n_rows=plan.data.n, sample_f=sample_f)
+                                  n_parts=len(fits), n_rows=plan.data.n, sample_f=sample_f,
+                                  early=truths.start if truths.wanted else None)
             # the timing task decides hash or scan; the grid alone fixes the lists kept
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
@@ -316,6 +332,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                                   None if pooled is None else pooled.sample,
                                   pure=False, retries=2)
             held.append(cal_f)
+            shared = truths.futures()  # (behind the timing task on its worker)
+            held += shared.values()
             written = None if pooled is None else pooled.kept(cfg.target_recall)
             if written is not None:
                 write(written)
@@ -344,7 +362,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             # come with the writes
             run.calibrated(_with_segments(replace(plan.manifest, **op), [
                 SegmentEntry(name=n, rows=r, permutations=keep or 0, checksum="")
-                for n, r in zip(names, sizes)]), list(kept), driver.holders(client, fits))
+                for n, r in zip(names, sizes)]), list(kept), driver.holders(client, fits),
+                shared)
         for _ in driver.progress(writes, "index", stall):
             pass
         entries = [f.result() for f in writes]
@@ -353,7 +372,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
         if hold is not None:
             hold += kept
     except BaseException:
-        driver.cancel_unshared(client, held)
+        driver.cancel_unshared(client, [*held, *truths.pending()])
         remove_unnamed(index_dir, names)
         raise
     if hold is None:
@@ -370,6 +389,57 @@ def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPa
     return [client.submit(tasks.write_fitted, fit, str(index_dir), name, keep, path, shards,
                           pure=False, retries=2)
             for fit, name, shards in zip(fits, names, segments)]
+
+
+class _CheckTruths:
+    """For the query that follows a fresh build (``plan.check``): its recall check's sample,
+    read once, and that sample's exact top-k in each fitted segment (`tasks.check_truth`, on
+    the float32 rows the fit still holds), merged over the segments.
+
+    A segment's task is submitted when its worker would otherwise wait (`start`: its
+    calibration scan is done and another segment's is not, so the calibration's grid cannot
+    start yet), else after the calibration's tasks (`futures`), behind them on the worker
+    (lower priority): the check adds no time to the calibration, which the writes and the
+    query wait for."""
+
+    def __init__(self, client: Any, plan: BuildPlan, fits: Sequence[Any],
+                 where: Sequence[str | None], family_f: Any) -> None:
+        self.client, self.check, self.fits, self.where = client, plan.check, fits, where
+        self.family_f = family_f
+        self.sample: Any = None
+        self.parts: list[Any] = [None] * len(fits)
+
+    @property
+    def wanted(self) -> bool:
+        return self.check is not None
+
+    def start(self, j: int) -> None:
+        """Submit segment ``j``'s task (once)."""
+        check = self.check
+        if check is None or self.parts[j] is not None:
+            return
+        if self.sample is None:
+            self.sample = self.client.submit(tasks.read_query_rows, check.queries, check.rows,
+                                             self.family_f, pure=False, retries=2, priority=-1)
+        self.parts[j] = driver.submit_at(self.client, self.where[j], tasks.check_truth,
+                                         self.fits[j], self.sample, self.family_f, check.k,
+                                         priority=-1)
+
+    def pending(self) -> list[Any]:
+        """The futures submitted so far (what a failed build cancels)."""
+        return [f for f in (self.sample, *self.parts) if f is not None]
+
+    def futures(self) -> dict[str, Any]:
+        """Every segment's task submitted, and the query's shared futures: ``check_sample``
+        and ``check_truth`` (``(rows, ids)``, `tasks.check_answer`); empty without a check."""
+        check = self.check
+        if check is None:
+            return {}
+        for j in range(len(self.fits)):
+            self.start(j)
+        truth_f = self.client.submit(tasks.check_answer, check.rows, self.parts, check.k,
+                                     pure=False, retries=2, priority=-1)
+        return {"check_sample": self.sample, "check_truth": truth_f}
 
 
 @dataclass(frozen=True)
@@ -393,8 +463,8 @@ class Pooled:
 def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, target: float,
                  fixed: dict[str, Any], stall: float, *, data: str | None,
                  shards: tuple[int, int] | None, queries: str | None, seed: int,
-                 held: list[Any], n_parts: int, n_rows: int, sample_f: Any = None
-                 ) -> Pooled | None:
+                 held: list[Any], n_parts: int, n_rows: int, sample_f: Any = None,
+                 early: Callable[[int], None] | None = None) -> Pooled | None:
     """The calibration grid of the merged answer of several segments, measured over all of
     them; None for a single searched part (its own recall@k is the answer's).
 
@@ -407,7 +477,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     no assumption that the segments are alike.  A true neighbour is usually among the first
     few of its own segment, so every segment searches less than for its own recall@k.
     Windows widen while no point reaches the target (`widen_windows`, as in `calibrate`).
-    ``sample_f``: the `calibration_sample` of these arguments, submitted already."""
+    ``sample_f``: the `calibration_sample` of these arguments, submitted already.
+    ``early(j)``: called when segment ``j``'s scan is done while another's is not (its worker
+    would wait for the grid's tasks)."""
     from lshdist.index.calibrate import (
         grid_axes,
         merged_relevance,
@@ -424,8 +496,9 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0,
                          pure=False, retries=2) for j, seg in enumerate(segments)]
     held += [sample_f, *nbr]  # (sample_f twice when the build submitted it: harmless)
-    for _ in driver.progress(nbr, "neighbours", stall):
-        pass
+    for f in driver.progress(nbr, "neighbours", stall):
+        if early is not None and not all(g.done() for g in nbr):
+            early(nbr.index(f))
     parts = [f.result() for f in nbr]
     flat = [p for seg in parts for p in seg]
     if len(flat) < 2:
@@ -581,6 +654,10 @@ def build_and_query(client: Any, build: BuildPlan, query: FollowingQuery, *,
         m = require_permutation(manifest, build.out, "this build")
         return _planned(m, build.out, query.queries, query.out, query.cfg, query.overwrite)
 
+    if query.cfg.check_recall and query.cfg.mode != "scan" and not build.append:
+        build = replace(build, check=CheckSample(str(query.queries.path), check_rows(
+            query.queries.n, build.manifest.seed), query.cfg.k))
+
     m, r, seconds = driver.build_and_query(client, PERMUTATION, build, plan_of, stall=stall,
                                            in_flight=in_flight, hold=hold)
     return require_permutation(m, build.out, "this build"), _query_result(r), seconds
@@ -676,18 +753,34 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
     sample: list[Any] = []  # the sample's rows, read once at the first answer (a scan-mode
     #                         job measures nothing and reads nothing)
 
+    # the build this query follows read the sample and found its exact neighbours already
+    # (`_check_truth`): used when they are this check's rows and k
+    found = loaded.shared.get("check_truth")
+    read = loaded.shared.get("check_sample")
+
     def answer(mode: str, op: tuple[int, int, int] | None) -> np.ndarray:
         if not sample:
-            sample.append(client.submit(tasks.read_query_rows, str(qds.path), rows, family_f,
-                                        pure=False, retries=2))
+            sample.append(read if read is not None else client.submit(
+                tasks.read_query_rows, str(qds.path), rows, family_f, pure=False, retries=2))
         return driver.sample_answer(
             client, loaded, cfg.k,
             driver.Chunk((tasks.encode_query_rows, sample[0], family_f, mode != "scan"),
                          (tasks.search_segment, cfg.k, mode, op)), stall)
 
+    def exact() -> np.ndarray:
+        if found is not None:
+            for _ in driver.progress([found], "recall check", stall):
+                pass
+            got_rows, ids = found.result()
+            if np.array_equal(got_rows, rows) and ids.shape == (len(rows), cfg.k):
+                return np.asarray(ids)
+            log.debug("recall check: the build's exact neighbours are of another sample; "
+                      "scanning")
+        return answer("scan", None)
+
     def measure(op: tuple[int, int, int] | None, estimate: float | None) -> MeasuredRecall:
         if not truth:
-            truth.append(answer("scan", None))
+            truth.append(exact())
         m = measured(answer("hash", op), truth[0], cfg.k, qds.n, mode="hash", target=target,
                      estimate=estimate)
         log.info("recall check at %s: %s", "the index's parameters" if op is None
@@ -706,7 +799,7 @@ def _checked(client: Any, plan: QueryPlan, loaded: driver.Loaded, stall: float
                     auto=cfg.mode == "auto", n_queries=qds.n, k=cfg.k, measure=measure,
                     recalibrate=None if plan.recalibrate or cal is None else recalibrate)
     finally:
-        client.cancel(sample)
+        client.cancel([f for f in sample if f is not read])  # (the build's: the job's)
     if d.recall.sampled:
         log.info("recall check: %d of the %d queries answered exactly too (%.1fs, %.1f %% of "
                  "an exact scan of the queries)", d.recall.sampled, qds.n,

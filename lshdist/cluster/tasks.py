@@ -260,6 +260,32 @@ def encode_query_rows(sample: tuple[Any, np.ndarray], family: HashFamily,
     return codes, payload, ids
 
 
+def check_truth(segment: PermutationIndex, sample: tuple[Any, np.ndarray],
+                family: HashFamily, k: int) -> Partial:
+    """The exact top-``k`` of a recall check's sample (`read_query_rows`) in a segment, as
+    `search_segment` answers it by the scan (the same rows and distances, ties by id: the
+    scan's answer, pruned where that pays) — found by a build for the query that follows it,
+    on the fitted segment's float32 rows.  Found later, on the segment kept for the query
+    (rows held on their uint8 grid alone), the scan made those rows again and kept them: four
+    times the payload's memory for the rest of the query."""
+    from lshdist.index.scan import scan_topk
+
+    X, _ = sample
+    _, qpayload = encode(_metric(family), family, X, query=True, hashed=False)
+    dist, ids = scan_topk(segment.payload_, qpayload, k, ids=segment.ids_, prune=True)
+    return dist, ids, np.full(len(ids), len(segment), np.int64)
+
+
+def check_answer(rows: np.ndarray, parts: Sequence[Partial], k: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, ids)``: the recall check's sample rows and their exact top-``k`` ids over every
+    segment (`check_truth`'s answers merged by distance and id, as a query merges them)."""
+    from lshdist.index.permutation import merge_topk
+
+    return np.asarray(rows, np.int64), merge_topk([p[0] for p in parts],
+                                                  [p[1] for p in parts], k)[1]
+
+
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,
                    op: tuple[int, int, int] | None = None) -> Partial:
     """Partial top-k of one query chunk against one segment (hashed at operating point

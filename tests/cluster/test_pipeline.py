@@ -273,6 +273,55 @@ def test_a_query_planned_with_its_build_runs_while_the_segments_are_written(
     assert max(seconds["index"], seconds["query"]) <= seconds["total"]
 
 
+def test_the_recall_check_after_a_build_takes_the_builds_exact_neighbours(letter_job,
+                                                                          tmp_path):
+    """The build finds the following query's check sample's exact neighbours on the fitted
+    segments (`tasks.check_truth`, one task a segment); the query reads them instead of
+    scanning the segments it holds again.  The recall it measures is the one a query of the
+    stored index measures by its own scan, and `check_truth` answers as the scan search of
+    the segment as kept (on its uint8 grid) does, distances and ties included."""
+    from distributed import get_task_stream
+
+    from lshdist.cluster import tasks
+    from lshdist.cluster.pipeline import build_and_query, plan_query, run_query
+    from lshdist.index.recall_check import check_rows
+
+    plan, following = _following(letter_job, tmp_path)
+    with dask_client(workers=2, processes=False) as client:
+        with get_task_stream(client) as ts:
+            _, result, _ = build_and_query(client, plan, following)
+        names = [x["key"][0] if isinstance(x["key"], tuple) else x["key"] for x in ts.data]
+        stored = run_query(client, plan_query(index=str(tmp_path / "idx"),
+                                              queries=str(letter_job / "queries"),
+                                              out=str(tmp_path / "res-stored"),
+                                              cfg=Q(query_chunk=1500)))
+    kinds = [n.split("-")[0] for n in names]
+    assert kinds.count("check_truth") == len(plan.segments) == 4
+    assert kinds.count("check_answer") == 1
+    # only the hashed answer of the sample is encoded (once per worker holding segments)
+    assert kinds.count("encode_query_rows") == 2
+    assert result["measured_recall"] == stored["measured_recall"]
+    assert result["measured_recall"]["queries_sampled"] > 0
+
+    from lshdist.metric.learned import ExplicitMetric
+    from lshdist.store.model import save_model
+
+    save_model(tmp_path / "identity", ExplicitMetric.identity(16))  # (integer features)
+    for model, on_grid in ((letter_job / "model", False), (tmp_path / "identity", True)):
+        family = tasks.load_family(str(model), INDEX.bits, INDEX.seed, True)
+        sample = tasks.read_query_rows(str(letter_job / "queries"),
+                                       check_rows(4000, INDEX.seed), family)
+        fit = tasks.fit_segment(str(letter_job / "train-a"), plan.segments[0], family, 30,
+                                None, INDEX.seed)
+        kept = tasks.truncated(fit, 30)
+        assert kept.payload_.held_on_grid == on_grid
+        want = tasks.search_segment(kept, tasks.encode_query_rows(sample, family, False), 7,
+                                    "scan")
+        got = tasks.check_truth(fit, sample, family, 7)
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b)
+
+
 def test_a_build_that_fails_after_its_calibration_fails_its_query(letter_job, tmp_path,
                                                                    monkeypatch):
     """A segment write that fails (a full disk) once the query has started: the job raises the
