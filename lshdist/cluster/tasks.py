@@ -336,7 +336,12 @@ def merge_segments(index_dir: str, entries: Sequence[SegmentEntry],
     segs = [p for e in entries for p in parts_of(read_segment(index_dir, e, manifest))]
     codes = np.concatenate([s.codes_ for s in segs])
     ids = np.concatenate([s.ids_ for s in segs])
-    arrays = [s.payload_.arrays() for s in segs]
+    # rows held on an exact uint8 grid are merged as their float32 rows: each segment's grid
+    # has its own column minima and unit, and the merged rows' grid is found again when the
+    # segment is written, as a fresh build of them finds it (concatenated, the grids' ``lo``
+    # and ``step`` were 2d long and the merge was refused)
+    arrays = [{"Z": s.payload_.Z} if isinstance(s.payload_, DensePayload)
+              else s.payload_.arrays() for s in segs]
     merged: dict[str, np.ndarray] = {}
     for key in arrays[0]:
         if key == "indptr":  # CSR rows: shift each part's offsets past the previous parts

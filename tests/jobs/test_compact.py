@@ -177,6 +177,29 @@ def test_compact_refit_is_a_fresh_build(built, tmp_path):
     assert hash_after["cand"].sum() < hash_before["cand"].sum()
 
 
+def test_compact_refit_of_rows_on_a_uint8_grid_is_a_fresh_build(built, tmp_path):
+    """Integer-valued rows (pixels) are stored on their exact uint8 grid, each segment with its
+    own column minima: re-fitted, the merged segment is the one a fresh build of those rows
+    writes (its grid found again), and the scan answers as before (the grids' lo and step
+    were once concatenated, and the merge refused)."""
+    rng = np.random.default_rng(SEED)
+    X = rng.integers(0, 200, size=(N, 16)).astype(np.float32)
+    X[: N // 2, 0] += 7  # the first segments' column 0 starts higher: other grids
+    write_dataset(tmp_path / "data", X, shard_rows=100)
+    save_model(tmp_path / "model", ExplicitMetric.identity(16))
+    _build(tmp_path, tmp_path / "idx", 500)
+    _build(tmp_path, tmp_path / "ref", 2000)
+    seg = next((tmp_path / "idx" / "segments").iterdir())
+    assert (seg / "payload" / "U").is_dir()  # held on its grid
+    scan_before = _answers(built, tmp_path / "idx", tmp_path / "s0", "scan")
+    assert main(["compact", str(tmp_path / "idx"), "--refit", "--min-segments", "4",
+                 "--segment-rows", "2000", *CLUSTER]) == 0
+    new, ref = verify_index(tmp_path / "idx"), read_manifest(tmp_path / "ref")
+    assert [e["checksum"] for e in new["segments"]] == [e["checksum"] for e in ref["segments"]]
+    scan_after = _answers(built, tmp_path / "idx", tmp_path / "s1", "scan")
+    assert _same(scan_before, scan_after, ("qid", "nb", "dist"))
+
+
 def test_nothing_to_compact(built, tmp_path, capsys):
     idx = tmp_path / "idx"
     shutil.copytree(built["root"] / "idx20", idx)
