@@ -293,7 +293,8 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
             for shards, w in zip(plan.segments, where)]
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
-    truths = _CheckTruths(client, replace(plan, check=None) if hold is None else plan, fits,
+    # (a check only for a query that searches these segments as fitted: ``hold``)
+    truths = _CheckTruths(client, None if hold is None or plan.append else plan.check, fits,
                           where, family_f)
     shared: dict[str, Any] = {}
     writes: list[Any] = []
@@ -392,7 +393,7 @@ def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPa
 
 
 class _CheckTruths:
-    """For the query that follows a fresh build (``plan.check``): its recall check's sample,
+    """For the query that follows a fresh build (``check``): its recall check's sample,
     read once, and that sample's exact top-k in each fitted segment (`tasks.check_truth`, on
     the float32 rows the fit still holds), merged over the segments.
 
@@ -402,9 +403,9 @@ class _CheckTruths:
     (lower priority): the check adds no time to the calibration, which the writes and the
     query wait for."""
 
-    def __init__(self, client: Any, plan: BuildPlan, fits: Sequence[Any],
+    def __init__(self, client: Any, check: CheckSample | None, fits: Sequence[Any],
                  where: Sequence[str | None], family_f: Any) -> None:
-        self.client, self.check, self.fits, self.where = client, plan.check, fits, where
+        self.client, self.check, self.fits, self.where = client, check, fits, where
         self.family_f = family_f
         self.sample: Any = None
         self.parts: list[Any] = [None] * len(fits)
