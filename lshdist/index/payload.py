@@ -174,7 +174,17 @@ def scan_centre(Z: np.ndarray) -> np.ndarray:
     go by id (`tests/index/test_ties.py`)."""
     if len(Z) == 0:
         return np.zeros(Z.shape[1], np.float32)
-    S = Z[:: max(1, len(Z) // 1024)].astype(np.float64)
+    return centre_of_sample(Z[centre_sample(len(Z))])
+
+
+def centre_sample(n: int) -> slice:
+    """The rows `scan_centre` averages: about 1,024 evenly spaced of ``n``."""
+    return slice(None, None, max(1, n // 1024))
+
+
+def centre_of_sample(S: np.ndarray) -> np.ndarray:
+    """`scan_centre` of the rows `centre_sample` picked (float32 (m, d), m >= 1)."""
+    S = S.astype(np.float64)
     mu = S.mean(axis=0)
     spread = float(np.sqrt(S.var(axis=0).mean()))
     unit = 2.0 ** np.floor(np.log2(spread)) if spread > 0 else 1.0
@@ -189,13 +199,18 @@ def checked_centred_norms(Z: np.ndarray, ids: np.ndarray | None = None
     rank infinities).  ``ids`` name the rows in the message (default: their positions)."""
     c = scan_centre(Z)
     norms = centred_sq_norms(Z, c)
+    check_norms(norms, ids)
+    return c, norms
+
+
+def check_norms(norms: np.ndarray, ids: np.ndarray | None = None) -> None:
+    """`checked_centred_norms`' refusal of a row whose squared norm overflowed float32."""
     if len(norms) and not np.isfinite(norms.max()):
         row = int(np.flatnonzero(~np.isfinite(norms))[0])
         name = row if ids is None else int(ids[row])
         raise InputError(f"row {name}'s squared distance from the rows' centre exceeds "
                          "float32's range (3.4e38): distances among these rows cannot "
                          "be ranked in float32; scale the data down (or its metric)")
-    return c, norms
 
 
 @dataclass(frozen=True)
@@ -213,15 +228,20 @@ class Projection:
     r_max: float
 
 
+#: rows of a payload held on its grid alone that a scan makes from the grid at a time (25 MB
+#: of float32 rows at d = 784), instead of making and keeping all of them
+GRID_BLOCK_ROWS = 8192
+
+
 class DensePayload:
     """``Z`` float32 (N, d): transformed rows; the learned distance is L2 between them.
 
     Rows that are exactly ``lo + g u`` for one unit ``g`` and uint8 ``u`` (`exact_grid`:
     pixels, counts) are stored on that grid (`arrays`: ``U`` uint8, ``lo``, ``step``; a
     quarter of the bytes) and, read back (`from_grid`), held on it alone: the re-rank rebuilds
-    the float32 rows it reads exactly (`rerank_dense_quantized`), and ``Z`` is made from the
-    grid only where a path needs the rows as floats (the scan's product, the truth's
-    projection)."""
+    the float32 rows it reads exactly (`rerank_dense_quantized`), the scan's product and the
+    truth's projection make `GRID_BLOCK_ROWS` of them at a time, and ``Z`` is made whole (and
+    kept) only where a path asks for it."""
 
     kind = "dense"
 
@@ -423,7 +443,8 @@ class DensePayload:
         if self.shape[1] >= QUANTIZED_MIN_COLUMNS or self._Z is None:
             self.quantized(n_threads)
         if self._Z is not None:  # the scan's centring, before anything is timed (a payload
-            self._centred()      # held on its grid makes it, and its rows, at its first scan)
+            self._centred()      # held on its grid makes it at its first scan, a block of
+            #                      rows at a time)
 
     def distances(self, query: DensePayload) -> np.ndarray:
         """Scores that order each query's rows as their squared distances do, by float32 BLAS:
@@ -435,10 +456,22 @@ class DensePayload:
         (20-d N(0, 1) + 1,000) kept their order, where ``||z||^2 - 2 q^T z`` gave 284 of 300
         queries other neighbours.  One pass over the (Q, N) result after the product, not three: at
         200 x 60,000 each pass costs about a tenth of the product."""
-        c, norms, Zc = self._centred()
-        # rows far from the origin against their spread are multiplied centred (a copy, made
-        # for them only): the product's rounding is then ~u |q - c| |z - c|
-        D: np.ndarray = ((query.Z - c) * np.float32(-2.0)) @ (self.Z if Zc is None else Zc).T
+        c, norms, Zc, far = self._centred()
+        qm = (query.Z - c) * np.float32(-2.0)
+        Z = self._rows_held()
+        Y = Zc if Zc is not None else Z
+        if Y is not None:
+            # rows far from the origin against their spread are multiplied centred (a copy,
+            # made for them only): the product's rounding is then ~u |q - c| |z - c|
+            D: np.ndarray = qm @ Y.T
+        else:  # held on its grid alone: the rows made a block at a time, not kept (made
+            #    whole and kept, a query's recall check held 4x the grid's bytes per segment)
+            D = np.empty((len(qm), self.shape[0]), np.float32)
+            for a in range(0, self.shape[0], GRID_BLOCK_ROWS):
+                B = self._row_block(slice(a, a + GRID_BLOCK_ROWS))
+                if far:
+                    B -= c
+                D[:, a:a + len(B)] = qm @ B.T
         D += norms[None, :]
         return D
 
@@ -454,7 +487,7 @@ class DensePayload:
         ``s + offset = ||q - z||^2``; the re-rank's float32 difference form is within
         ``gamma_(d+2)`` (relative) of it; and ``(4d + 16) 2^-149`` covers results that
         underflow."""
-        c, norms, Zc = self._centred()
+        c, norms, _, far = self._centred()
         d = self.shape[1]
         g = gamma(d + 8, U32)
         n2 = (float(norms.max()) if len(norms) else 0.0) * (1.0 + g)
@@ -463,19 +496,19 @@ class DensePayload:
         q_norm = np.sqrt(np.einsum("ij,ij->i", qc, qc))
         # the rows multiplied: z (max |z| <= max |z - c| + |c|), or z - c rounded to float32
         # (its rounding, u |z - c|, is within gamma_(d+8)'s spare terms)
-        z_max = np.sqrt(n2) * (1.0 + g) + (float(np.sqrt(c64 @ c64)) if Zc is None else 0.0)
+        z_max = np.sqrt(n2) * (1.0 + g) + (float(np.sqrt(c64 @ c64)) if not far else 0.0)
         # underflow (rows or differences within ~1e-19 of 0) is absolute, for the score's d
         # products and norm terms and for the re-rank's d squares
         slack = g * (2.0 * q_norm * z_max + n2) + (4 * d + 16) * TINY32
-        offset = q_norm ** 2 + (2.0 * (qc @ c64) if Zc is None else 0.0)
+        offset = q_norm ** 2 + (2.0 * (qc @ c64) if not far else 0.0)
         return offset, slack, gamma(d + 2, U32)
 
     def projection(self, rank: int) -> Projection:
         """The rows in the top ``rank`` principal directions of about 1,024 evenly spaced rows,
         about the scan's centre (`Projection`, for `lower_bounds`); made per call, not kept."""
-        c, norms, _ = self._centred()
-        N, d = self.Z.shape
-        sample = self.Z[:: max(1, N // 1024)].astype(np.float64) - c
+        c, norms, _, _ = self._centred()
+        N, d = self.shape
+        sample = self._row_block(slice(None, None, max(1, N // 1024))).astype(np.float64) - c
         r = min(rank, d, len(sample))
         if d <= len(sample):  # the d x d Gram's eigenvectors: half an SVD's time at 1,024 x 784
             _, V = np.linalg.eigh(sample.T @ sample)
@@ -488,7 +521,7 @@ class DensePayload:
         s2 = float(np.linalg.norm(P.astype(np.float64), 2)) ** 2 * (1.0 + 1e-9)
         Zp = np.empty((N, len(P)), dtype=np.float32)
         for a in range(0, N, 8192):  # y = z - c rounded, then the product (`lower_bounds`)
-            Zp[a: a + 8192] = (self.Z[a: a + 8192] - c) @ P.T
+            Zp[a: a + 8192] = (self._row_block(slice(a, a + 8192)) - c) @ P.T
         zn = np.einsum("ij,ij->i", Zp, Zp)
         r_max = float(np.sqrt(float(norms.max()) * (1.0 + gamma(d + 2, U32)))) if N else 0.0
         return Projection(c, P, s2, Zp, zn, r_max)
@@ -527,22 +560,55 @@ class DensePayload:
         qp64 = Qp.astype(np.float64)
         return S, np.einsum("ij,ij->i", qp64, qp64), slack, gamma(d + 2, U32)
 
-    def _centred(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """``(c, ||z - c||^2, Z - c or None)``: a centre of the rows, their squared norms about
-        it (float32) and, for rows whose centre lies more than `FAR_FROM_ORIGIN` times their
-        largest distance from it away from the origin, the rows centred (float32; the scan's
-        product then rounds ~u |q - c| |z - c|, not ~u |q - c| |z|, so its rounding bound keeps
-        few candidates: at 10^6 from the origin, unit spread, every row was re-ranked without
-        it).  Made once (by `prepare`, or the first scan; racing threads compute the same
-        values): 0.018 s at 60,000 x 784, where the plain norms took 0.013 s."""
+    def _centred(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
+        """``(c, ||z - c||^2, Z - c or None, far)``: a centre of the rows, their squared norms
+        about it (float32) and whether the rows' centre lies more than `FAR_FROM_ORIGIN` times
+        their largest distance from it away from the origin (``far``), and then the rows
+        centred (float32; the scan's product then rounds ~u |q - c| |z - c|, not
+        ~u |q - c| |z|, so its rounding bound keeps few candidates: at 10^6 from the origin,
+        unit spread, every row was re-ranked without it) -- for rows held on their grid alone,
+        None: `distances` centres each block it makes.  Made once (by `prepare`, or the first
+        scan; racing threads compute the same values): 0.018 s at 60,000 x 784, where the
+        plain norms took 0.013 s.  Held on the grid alone, the same numbers, from the rows
+        made a block at a time (`centred_sq_norms` sums each row on its own)."""
         got = getattr(self, "_centred_norms", None)
         if got is None:
-            c, norms = checked_centred_norms(self.Z)
-            far = len(norms) and float(np.square(c, dtype=np.float64).sum()) > (
+            if self._rows_held() is None:
+                N = self.shape[0]
+                c = (centre_of_sample(self._row_block(centre_sample(N))) if N
+                     else np.zeros(self.shape[1], np.float32))
+                norms = np.concatenate([np.empty(0, np.float32), *(
+                    centred_sq_norms(self._row_block(slice(a, a + GRID_BLOCK_ROWS)), c)
+                    for a in range(0, N, GRID_BLOCK_ROWS))])
+                check_norms(norms)
+            else:
+                c, norms = checked_centred_norms(self.Z)
+            far = bool(len(norms)) and float(np.square(c, dtype=np.float64).sum()) > (
                 FAR_FROM_ORIGIN ** 2 * float(norms.max()))
-            Zc = (self.Z - c) if far else None
-            got = self._centred_norms = (c, norms, Zc)
+            Z = self._rows_held()
+            Zc = (Z - c) if far and Z is not None else None
+            got = self._centred_norms = (c, norms, Zc, far)
         return got
+
+    def _rows_held(self) -> np.ndarray | None:
+        """The float32 rows if this payload holds them or borrows them (`compact`), else None
+        (held on its grid alone)."""
+        if self._Z is not None:
+            return self._Z
+        return None if self._lent is None else self._lent()
+
+    def _row_block(self, rows: slice) -> np.ndarray:
+        """Float32 rows ``rows``: of the rows held or borrowed, else made from the grid (a
+        fresh array, not kept)."""
+        Z = self._rows_held()
+        if Z is not None:
+            return Z[rows]
+        assert self._grid is not None
+        lo, step, U = self._grid
+        Ub = np.ascontiguousarray(U[rows])
+        out = np.empty(Ub.shape, dtype=np.float32)
+        grid_rows(Ub, lo, step, out)
+        return out
 
 
 class KernelPayload:

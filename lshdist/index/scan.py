@@ -117,7 +117,7 @@ def will_prune(payload: RerankPayload, n_queries: int, k: int) -> bool:
     """Whether `scan_topk` with ``prune`` rules rows out by the lower bound for ``n_queries``
     queries against ``payload`` (dense rows that `prunes`)."""
     return isinstance(payload, DensePayload) and prunes(len(payload), n_queries,
-                                                        int(payload.Z.shape[1]), k)
+                                                        int(payload.shape[1]), k)
 
 
 def prunes(n_rows: int, n_queries: int, d: int, k: int) -> bool:

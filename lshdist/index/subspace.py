@@ -257,9 +257,9 @@ class SubspaceIndex:
         cand = _positive_int("n_candidates",
                              self.n_candidates if n_candidates is None else n_candidates)
         Zq = self._space(Xq)
-        if Zq.shape[1] != self.payload_.Z.shape[1]:
+        if Zq.shape[1] != self.payload_.shape[1]:
             raise InputError(f"Xq has {Zq.shape[1]} features, but the index was built on "
-                             f"{self.payload_.Z.shape[1]}")
+                             f"{self.payload_.shape[1]}")
         Zqc = (Zq.astype(np.float64) - self.center_)
         Q = Zq.shape[0]
         sizes = np.array([len(g.rows) for g in self.groups_])

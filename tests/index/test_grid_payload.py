@@ -130,15 +130,33 @@ def test_payload_read_on_its_grid_answers_bit_for_bit_without_float_rows(fashion
     assert np.array_equal(held.Z, Z) and not held.held_on_grid
 
 
-def test_scan_of_a_payload_held_on_its_grid_is_the_float_scan(fashion):
-    """The exact scan (`scan_topk`, which needs float rows for its product) of a payload held
-    on its grid makes them and answers as the float payload does."""
-    Z = fashion.X_train[:3_000].astype(np.float32)
-    q = DensePayload(fashion.X_test[:40].astype(np.float32))
-    want = scan_topk(DensePayload(Z), q, 10)
+@pytest.mark.parametrize("shift", [0.0, 1e6])
+@pytest.mark.parametrize("prune", [False, True])
+def test_scan_of_a_payload_held_on_its_grid_is_the_float_scan(fashion, monkeypatch, shift,
+                                                              prune):
+    """The exact scan (`scan_topk`, whose product needs float rows) of a payload held on its
+    grid makes its rows a block at a time and keeps none of them (kept, a query's recall
+    check held 4x the grid's bytes per segment): the same centre and norms as the float
+    payload's, the same answers, pruned or not, near the origin or far from it (then each
+    block is centred)."""
+    import lshdist.index.payload as payload_mod
+
+    monkeypatch.setattr(payload_mod, "GRID_BLOCK_ROWS", 700)  # several blocks and a part
+    Z = fashion.X_train[:3_000].astype(np.float32) + np.float32(shift)
+    q = DensePayload(fashion.X_test[:40].astype(np.float32) + np.float32(shift))
+    floats = DensePayload(Z)
+    want = scan_topk(floats, q, 10, prune=prune)
     held = DensePayload.from_arrays(DensePayload(Z).arrays())
-    got = scan_topk(held, q, 10)
+    assert held.held_on_grid
+    got = scan_topk(held, q, 10, prune=prune)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert held.held_on_grid  # no float rows made whole, none kept
+    c, norms, _, far = held._centred()
+    c0, norms0, _, far0 = floats._centred()
+    assert np.array_equal(c, c0) and np.array_equal(norms, norms0) and far == far0
+    assert far == (shift > 0)
+    np.testing.assert_allclose(held.distances(q), floats.distances(q), rtol=1e-5,
+                               atol=1e-3 * float(norms.max()))
 
 
 def test_real_valued_rows_are_stored_as_floats():
