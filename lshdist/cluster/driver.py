@@ -95,8 +95,12 @@ class Loaded:
     owned: bool = True  # the driver loaded the segments (and releases them at the end)
 
 
-#: `Run.calibrated`'s callback: (manifest, segments, homes, shared)
-Calibrated = Callable[[Any, list[Any], list[str | None], dict[str, Any]], None]
+class Calibrated(Protocol):
+    """`Run.calibrated`'s callback (``shared`` optional: a kind that finds nothing for the
+    query calls it with three arguments)."""
+
+    def __call__(self, manifest: Any, segments: list[Any], homes: list[str | None],
+                 shared: dict[str, Any] | None = None) -> None: ...
 
 
 @dataclass
@@ -457,8 +461,8 @@ def build_and_query(client: Any, kind: IndexKind, build_plan: BuildPlanLike,
     seconds: dict[str, float] = {}
 
     def calibrated(manifest: Any, segments: list[Any], homes: list[str | None],
-                   shared: dict[str, Any]) -> None:
-        got.update(manifest=manifest, segments=segments, homes=homes, shared=shared)
+                   shared: dict[str, Any] | None = None) -> None:
+        got.update(manifest=manifest, segments=segments, homes=homes, shared=shared or {})
         ready.set()
 
     def build_job() -> IndexManifest:
