@@ -718,11 +718,13 @@ def exact_truth(payload: RerankPayload, qpayload: RerankPayload, m: int, *,
     `TIMED_QUERIES` — whose times give the time per query of a scan of ``batch`` queries
     (`bulk_seconds`).  The other queries' truth is the scan pruned where that pays
     (`will_prune`), untimed, run first (it makes what a scan makes once per payload: the
-    centred norms, the uint8 copy, the rows of a payload held on its grid; with no such rest
-    a one-query scan does, so no timed run pays for it).  Where the rest would not prune,
-    every query is in the timed runs.  (Timing the scan apart from the truth, on the
-    sample's first 200 and 100 queries again, cost 1.3-1.5 times the sample's scans: 0.4 of
-    2.1 core-s per 100,000-row segment of the 480,000-row set, 1,000 calibration queries.)"""
+    centred norms, the uint8 copy; with no such rest a one-query scan does, so no timed run
+    pays for it).  A payload held on its grid makes its float32 rows a block at a time in
+    every scan: a cost per scan, not per query, which ``batch``'s two runs tell apart.
+    Where the rest would not prune, every query is in the timed runs.  (Timing the scan
+    apart from the truth, on the sample's first 200 and 100 queries again, cost 1.3-1.5
+    times the sample's scans: 0.4 of 2.1 core-s per 100,000-row segment of the 480,000-row
+    set, 1,000 calibration queries.)"""
     Q = len(qpayload)
     n = min(Q, TIMED_QUERIES + (TIMED_QUERIES // 2 if batch is not None else 0))
     if n < Q and not will_prune(payload, Q - n, m):
