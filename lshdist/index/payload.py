@@ -458,8 +458,10 @@ class DensePayload:
         200 x 60,000 each pass costs about a tenth of the product."""
         c, norms, Zc, far = self._centred()
         qm = (query.Z - c) * np.float32(-2.0)
-        Z = self._rows_held()
-        Y = Zc if Zc is not None else Z
+        # rows far from their centre's distance to the origin are multiplied as z - c, never
+        # as z (`scan_slack`'s bound assumes it), even when float rows appeared after the
+        # centring (lent, or made by another path) and no centred copy was kept
+        Y = Zc if Zc is not None else (None if far else self._rows_held())
         if Y is not None:
             # rows far from the origin against their spread are multiplied centred (a copy,
             # made for them only): the product's rounding is then ~u |q - c| |z - c|
@@ -470,7 +472,7 @@ class DensePayload:
             for a in range(0, self.shape[0], GRID_BLOCK_ROWS):
                 B = self._row_block(slice(a, a + GRID_BLOCK_ROWS))
                 if far:
-                    B -= c
+                    B = B - c  # (not in place: a block of rows held is a view of them)
                 D[:, a:a + len(B)] = qm @ B.T
         D += norms[None, :]
         return D
@@ -520,8 +522,9 @@ class DensePayload:
         # largest singular value (float64, ~1e-15 relative; a margin above it)
         s2 = float(np.linalg.norm(P.astype(np.float64), 2)) ** 2 * (1.0 + 1e-9)
         Zp = np.empty((N, len(P)), dtype=np.float32)
-        for a in range(0, N, 8192):  # y = z - c rounded, then the product (`lower_bounds`)
-            Zp[a: a + 8192] = (self._row_block(slice(a, a + 8192)) - c) @ P.T
+        for a in range(0, N, GRID_BLOCK_ROWS):  # y = z - c rounded, then the product
+            Zp[a: a + GRID_BLOCK_ROWS] = (                       # (`lower_bounds`)
+                self._row_block(slice(a, a + GRID_BLOCK_ROWS)) - c) @ P.T
         zn = np.einsum("ij,ij->i", Zp, Zp)
         r_max = float(np.sqrt(float(norms.max()) * (1.0 + gamma(d + 2, U32)))) if N else 0.0
         return Projection(c, P, s2, Zp, zn, r_max)
@@ -573,16 +576,15 @@ class DensePayload:
         made a block at a time (`centred_sq_norms` sums each row on its own)."""
         got = getattr(self, "_centred_norms", None)
         if got is None:
-            if self._rows_held() is None:
-                N = self.shape[0]
-                c = (centre_of_sample(self._row_block(centre_sample(N))) if N
-                     else np.zeros(self.shape[1], np.float32))
-                norms = np.concatenate([np.empty(0, np.float32), *(
-                    centred_sq_norms(self._row_block(slice(a, a + GRID_BLOCK_ROWS)), c)
-                    for a in range(0, N, GRID_BLOCK_ROWS))])
-                check_norms(norms)
-            else:
-                c, norms = checked_centred_norms(self.Z)
+            # (`checked_centred_norms` a block of rows at a time: views of rows held, rows
+            # made from the grid otherwise)
+            N = self.shape[0]
+            c = (centre_of_sample(self._row_block(centre_sample(N))) if N
+                 else np.zeros(self.shape[1], np.float32))
+            norms = np.concatenate([np.empty(0, np.float32), *(
+                centred_sq_norms(self._row_block(slice(a, a + GRID_BLOCK_ROWS)), c)
+                for a in range(0, N, GRID_BLOCK_ROWS))])
+            check_norms(norms)
             far = bool(len(norms)) and float(np.square(c, dtype=np.float64).sum()) > (
                 FAR_FROM_ORIGIN ** 2 * float(norms.max()))
             Z = self._rows_held()
@@ -598,8 +600,8 @@ class DensePayload:
         return None if self._lent is None else self._lent()
 
     def _row_block(self, rows: slice) -> np.ndarray:
-        """Float32 rows ``rows``: of the rows held or borrowed, else made from the grid (a
-        fresh array, not kept)."""
+        """Float32 rows ``rows``: a view of the rows held or borrowed (read only), else made
+        from the grid (a fresh array, not kept)."""
         Z = self._rows_held()
         if Z is not None:
             return Z[rows]

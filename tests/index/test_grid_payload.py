@@ -157,6 +157,14 @@ def test_scan_of_a_payload_held_on_its_grid_is_the_float_scan(fashion, monkeypat
     assert far == (shift > 0)
     np.testing.assert_allclose(held.distances(q), floats.distances(q), rtol=1e-5,
                                atol=1e-3 * float(norms.max()))
+    # float rows made after the centring (another path asked for Z): rows far from the
+    # origin are still multiplied centred, as the scan's rounding bound assumes
+    assert held.Z is not None and not held.held_on_grid
+    np.testing.assert_allclose(held.distances(q), floats.distances(q), rtol=1e-5,
+                               atol=1e-3 * float(norms.max()))
+    again = scan_topk(held, q, 10, prune=prune)
+    assert np.array_equal(again[0], want[0]) and np.array_equal(again[1], want[1])
+    assert np.array_equal(held.Z, Z)  # the rows multiplied centred were not changed
 
 
 def test_real_valued_rows_are_stored_as_floats():
