@@ -228,9 +228,10 @@ class Projection:
     r_max: float
 
 
-#: rows of a payload held on its grid alone that a scan makes from the grid at a time (25 MB
-#: of float32 rows at d = 784), instead of making and keeping all of them
-GRID_BLOCK_ROWS = 8192
+#: float32 bytes of the rows a scan makes at a time from a payload held on its grid alone
+#: (`DensePayload.block_rows`: 10,700 rows at d = 784), instead of making and keeping all of
+#: them
+GRID_BLOCK_BYTES = 32 << 20
 
 
 class DensePayload:
@@ -240,7 +241,7 @@ class DensePayload:
     pixels, counts) are stored on that grid (`arrays`: ``U`` uint8, ``lo``, ``step``; a
     quarter of the bytes) and, read back (`from_grid`), held on it alone: the re-rank rebuilds
     the float32 rows it reads exactly (`rerank_dense_quantized`), the scan's product and the
-    truth's projection make `GRID_BLOCK_ROWS` of them at a time, and ``Z`` is made whole (and
+    truth's projection make `GRID_BLOCK_BYTES` of them at a time, and ``Z`` is made whole (and
     kept) only where a path asks for it."""
 
     kind = "dense"
@@ -469,8 +470,9 @@ class DensePayload:
         else:  # held on its grid alone: the rows made a block at a time, not kept (made
             #    whole and kept, a query's recall check held 4x the grid's bytes per segment)
             D = np.empty((len(qm), self.shape[0]), np.float32)
-            for a in range(0, self.shape[0], GRID_BLOCK_ROWS):
-                B = self._row_block(slice(a, a + GRID_BLOCK_ROWS))
+            step = self.block_rows()
+            for a in range(0, self.shape[0], step):
+                B = self._row_block(slice(a, a + step))
                 if far:
                     B = B - c  # (not in place: a block of rows held is a view of them)
                 D[:, a:a + len(B)] = qm @ B.T
@@ -522,9 +524,9 @@ class DensePayload:
         # largest singular value (float64, ~1e-15 relative; a margin above it)
         s2 = float(np.linalg.norm(P.astype(np.float64), 2)) ** 2 * (1.0 + 1e-9)
         Zp = np.empty((N, len(P)), dtype=np.float32)
-        for a in range(0, N, GRID_BLOCK_ROWS):  # y = z - c rounded, then the product
-            Zp[a: a + GRID_BLOCK_ROWS] = (                       # (`lower_bounds`)
-                self._row_block(slice(a, a + GRID_BLOCK_ROWS)) - c) @ P.T
+        step = self.block_rows()
+        for a in range(0, N, step):  # y = z - c rounded, then the product (`lower_bounds`)
+            Zp[a: a + step] = (self._row_block(slice(a, a + step)) - c) @ P.T
         zn = np.einsum("ij,ij->i", Zp, Zp)
         r_max = float(np.sqrt(float(norms.max()) * (1.0 + gamma(d + 2, U32)))) if N else 0.0
         return Projection(c, P, s2, Zp, zn, r_max)
@@ -578,12 +580,12 @@ class DensePayload:
         if got is None:
             # (`checked_centred_norms` a block of rows at a time: views of rows held, rows
             # made from the grid otherwise)
-            N = self.shape[0]
+            N, step = self.shape[0], self.block_rows()
             c = (centre_of_sample(self._row_block(centre_sample(N))) if N
                  else np.zeros(self.shape[1], np.float32))
             norms = np.concatenate([np.empty(0, np.float32), *(
-                centred_sq_norms(self._row_block(slice(a, a + GRID_BLOCK_ROWS)), c)
-                for a in range(0, N, GRID_BLOCK_ROWS))])
+                centred_sq_norms(self._row_block(slice(a, a + step)), c)
+                for a in range(0, N, step))])
             check_norms(norms)
             far = bool(len(norms)) and float(np.square(c, dtype=np.float64).sum()) > (
                 FAR_FROM_ORIGIN ** 2 * float(norms.max()))
@@ -591,6 +593,10 @@ class DensePayload:
             Zc = (Z - c) if far and Z is not None else None
             got = self._centred_norms = (c, norms, Zc, far)
         return got
+
+    def block_rows(self) -> int:
+        """Rows a scan reads a block at a time: `GRID_BLOCK_BYTES` of float32 rows."""
+        return max(1, GRID_BLOCK_BYTES // (4 * max(1, self.shape[1])))
 
     def _rows_held(self) -> np.ndarray | None:
         """The float32 rows if this payload holds them or borrows them (`compact`), else None

@@ -141,7 +141,7 @@ def test_scan_of_a_payload_held_on_its_grid_is_the_float_scan(fashion, monkeypat
     block is centred)."""
     import lshdist.index.payload as payload_mod
 
-    monkeypatch.setattr(payload_mod, "GRID_BLOCK_ROWS", 700)  # several blocks and a part
+    monkeypatch.setattr(payload_mod, "GRID_BLOCK_BYTES", 700 * 784 * 4)  # blocks and a part
     Z = fashion.X_train[:3_000].astype(np.float32) + np.float32(shift)
     q = DensePayload(fashion.X_test[:40].astype(np.float32) + np.float32(shift))
     floats = DensePayload(Z)
