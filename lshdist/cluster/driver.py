@@ -14,10 +14,11 @@ knowing none of them:
   segments of a failed build are removed, never a segment a manifest names;
 * a query (`query`) loads the segments spread over the workers by rows (`spread`), lets the
   kind calibrate and check its recall (`IndexKind.prepare`), then keeps at most a few query
-  chunks in flight (`windowed`): each chunk encoded once on every worker holding segments, each
-  segment searched where it lives, the partial answers merged on each worker and then for the
-  chunk, whose Parquet parts are written by a task (`chunk_tasks`); results are written aside
-  and renamed into place (`lshdist.store.results.write_results`);
+  chunks in flight (`windowed`): each chunk encoded once and sent to the workers holding
+  segments (or encoded on each of them, as its kind says), each segment searched where it
+  lives, the partial answers merged on each worker and then for the chunk, whose Parquet
+  parts are written by a task (`chunk_tasks`); results are written aside and renamed into
+  place (`lshdist.store.results.write_results`);
 * every wait is bounded: a job where no task finishes for ``stall`` seconds fails with a
   `ClusterError` that says why it may have stopped (`progress`, `windowed`).
 """
@@ -72,15 +73,17 @@ class Built:
 
 @dataclass
 class Chunk:
-    """The tasks of one query chunk, each ``(function, *args)``: ``encode`` runs once on every
-    worker holding segments; ``search`` runs per segment as ``function(segment, encoded,
-    *args)`` (``per_segment``: arguments appended for each segment, in the segments' order)
-    and returns a partial answer ``(dist (Q, k), ids (Q, k), candidates (Q,))``; the driver
+    """The tasks of one query chunk, each ``(function, *args)``: ``encode`` runs once and its
+    result is sent to every worker holding segments (``encode_once``), or runs on each of
+    them; ``search`` runs per segment as ``function(segment, encoded, *args)``
+    (``per_segment``: arguments appended for each segment, in the segments' order) and
+    returns a partial answer ``(dist (Q, k), ids (Q, k), candidates (Q,))``; the driver
     merges them (`lshdist.cluster.answers`)."""
 
     encode: tuple[Any, ...]
     search: tuple[Any, ...]
     per_segment: Sequence[tuple[Any, ...]] | None = None
+    encode_once: bool = False
 
 
 @dataclass
@@ -596,37 +599,50 @@ def sample_answer(client: Any, loaded: Loaded, k: int, chunk: Chunk, stall: floa
 
 def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                 merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
-    """Submit query chunk ``c``: ``chunk.encode`` once on every worker holding segments,
-    ``chunk.search`` per segment beside its worker's encoding, each worker's partial answers
-    merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function, *args after
-    the encoding and the partials) on the workers in turn.  Returns {merge future: [the chunk's
-    other futures]} for `windowed`.
+    """Submit query chunk ``c``: ``chunk.encode`` once, on the worker the scheduler finds least
+    busy (`Chunk.encode_once`), else once on every worker holding segments; ``chunk.search``
+    per segment where the segment lives, each worker's partial answers merged there into one
+    (`merge_partials`, top ``k``), and ``merge`` = (function, *args after the encoding and the
+    partials) beside an encoding.  Returns {merge future: [the chunk's other futures]} for
+    `windowed`.
 
-    No search waits for another worker's encoded queries, and one partial answer per worker
-    travels.  Sent between two workers, the 31 MB of a 10,000 x 784 chunk kept both workers'
-    event loops copying while their searches waited (measured: the 1 M query stage 89 -> 76 s
-    on 2 workers).  The placements are preferences: a task whose worker leaves runs elsewhere,
-    with the same answers (lshdist's clusters run without work stealing,
-    `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments).  ``priority``: Dask's
-    (a worker runs its ready tasks of higher priority first)."""
+    Encoded once, a chunk travels to the other workers that hold segments: the hashed
+    search's keys and re-rank payload, on its uint8 grid where that is exact
+    (`DensePayload.compact`: 8.5 MB for 10,000 x 784 pixel rows, a quarter of their
+    float32).  The hashed search encoded every chunk on each such worker before, because two
+    workers on one host sending each other the 31 MB of a float32 chunk spent their event
+    loops copying while their searches waited; encoding once is now faster on two workers
+    (paired, alternated runs: 1,020,000 x 100,000 shifted Fashion-MNIST 1.05-1.13x,
+    Fashion-MNIST 60,000 x 10,000 1.15x end to end, and 1.11x with rows off the grid, sent as
+    float32).  The other kinds encode on each worker (their encodings not measured sent).
+    One partial answer per worker travels.  The placements are preferences: a task whose
+    worker leaves runs elsewhere, with the same answers (lshdist's clusters run without work
+    stealing, `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments).
+    ``priority``: Dask's (a worker runs its ready tasks of higher priority first)."""
     segs, homes = loaded.segments, loaded.homes
     if not segs:
         raise InputError("a query chunk needs at least one segment to search")
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
-    encs = {w: submit_at(client, w, *chunk.encode, priority=priority) for w in where}
+    if chunk.encode_once:
+        once = submit_at(client, None, *chunk.encode, priority=priority)
+        encs, at = dict.fromkeys(where, once), None
+        encoded = [once]
+    else:  # merges take turns on the workers, beside an encoding
+        encs = {w: submit_at(client, w, *chunk.encode, priority=priority) for w in where}
+        at = where[c % len(where)]
+        encoded = list(encs.values())
     fn, *args = chunk.search
     extra = chunk.per_segment or [()] * len(segs)
-    parts = [client.submit(fn, s, encs[h], *args, *more, pure=False, retries=2,
-                           priority=priority)
+    parts = [submit_at(client, h, fn, s, encs[h], *args, *more, priority=priority)
              for s, h, more in zip(segs, homes, extra)]
     mine = {w: [p for p, h in zip(parts, homes) if h == w] for w in where}
     local = [ps[0] if len(ps) == 1 else submit_at(client, w, merge_partials, ps, k,
                                                   priority=priority)
              for w, ps in mine.items()]
-    at = where[c % len(where)]  # merges take turns on the workers, beside an encoding
     fn, *args = merge
-    w = submit_at(client, at, fn, encs[at], local, *args, priority=priority)
-    return {w: [*encs.values(), *parts, *local]}
+    w = submit_at(client, at, fn, encs[at] if at is not None else encoded[0], local, *args,
+                  priority=priority)
+    return {w: [*encoded, *parts, *local]}
 
 
 # ------------------------------------------------------------------------ chunks and placement
