@@ -599,19 +599,22 @@ def sample_answer(client: Any, loaded: Loaded, k: int, chunk: Chunk, stall: floa
 
 def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                 merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
-    """Submit query chunk ``c``: ``chunk.encode`` once, on the worker the scheduler finds least
-    busy (`Chunk.encode_once`), else once on every worker holding segments; ``chunk.search``
+    """Submit query chunk ``c``: ``chunk.encode`` once per host, on the one of its workers the
+    scheduler finds least busy (`Chunk.encode_once`), else once on every worker holding
+    segments; ``chunk.search``
     per segment where the segment lives, each worker's partial answers merged there into one
     (`merge_partials`, top ``k``), and ``merge`` = (function, *args after the encoding and the
     partials) beside an encoding.  Returns {merge future: [the chunk's other futures]} for
     `windowed`.
 
-    Encoded once, a chunk travels to the other workers that hold segments: the hashed
-    search's keys and re-rank payload, on its uint8 grid where that is exact
-    (`DensePayload.compact`: 8.5 MB for 10,000 x 784 pixel rows, a quarter of their
-    float32).  The hashed search encoded every chunk on each such worker before, because two
-    workers on one host sending each other the 31 MB of a float32 chunk spent their event
-    loops copying while their searches waited; encoding once is now faster on two workers
+    Encoded once per host, a chunk travels to the host's other workers that hold segments
+    (never between hosts, where a chunk sent to every other worker would load one network
+    link with all of them): the hashed search's keys and re-rank payload, on its uint8 grid
+    where that is exact (`DensePayload.compact`: 8.5 MB for 10,000 x 784 pixel rows, a
+    quarter of their float32).  The hashed search encoded every chunk on each such worker
+    before, because two workers on one host sending each other the 31 MB of a float32 chunk
+    spent their event loops copying while their searches waited; encoding once is now faster
+    on two workers
     (paired, alternated runs: 1,020,000 x 100,000 shifted Fashion-MNIST 1.05-1.13x,
     Fashion-MNIST 60,000 x 10,000 1.15x end to end, and 1.11x with rows off the grid, sent as
     float32).  The other kinds encode on each worker (their encodings not measured sent).
@@ -623,10 +626,15 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
     if not segs:
         raise InputError("a query chunk needs at least one segment to search")
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
-    if chunk.encode_once:
-        once = submit_at(client, None, *chunk.encode, priority=priority)
-        encs, at = dict.fromkeys(where, once), None
-        encoded = [once]
+    if chunk.encode_once:  # once per host, on its least busy worker
+        hosts = hosts_of(where)
+        per_host = {h: client.submit(*chunk.encode, pure=False, retries=2,
+                                     workers=None if h is None else [h],
+                                     allow_other_workers=h is not None, priority=priority)
+                    for h in hosts}
+        encs = {w: per_host[h] for h, ws in hosts.items() for w in ws}
+        encoded = list(per_host.values())
+        at = None
     else:  # merges take turns on the workers, beside an encoding
         encs = {w: submit_at(client, w, *chunk.encode, priority=priority) for w in where}
         at = where[c % len(where)]
@@ -640,9 +648,20 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                                                   priority=priority)
              for w, ps in mine.items()]
     fn, *args = merge
-    w = submit_at(client, at, fn, encs[at] if at is not None else encoded[0], local, *args,
-                  priority=priority)
+    w = submit_at(client, at, fn, encs[at] if at is not None else encoded[c % len(encoded)],
+                  local, *args, priority=priority)
     return {w: [*encoded, *parts, *local]}
+
+
+def hosts_of(workers: Sequence[str | None]) -> dict[str | None, list[str | None]]:
+    """The workers by host (Dask's host of each address, the key its placements accept for
+    "any worker on this host"), in their order; None (no worker known) is a host of its own."""
+    from distributed.comm.addressing import get_address_host
+
+    out: dict[str | None, list[str | None]] = {}
+    for w in workers:
+        out.setdefault(None if w is None else get_address_host(w), []).append(w)
+    return out
 
 
 # ------------------------------------------------------------------------ chunks and placement

@@ -105,3 +105,16 @@ def test_query_chunks_shrink_with_k():
     assert chunk_rows(500, 1_000) == 500
     for k in (1, 7, 140, 1_000, 5_000):
         assert chunk_rows(10**6, k) * k * 12 <= PARTIAL_BYTES
+
+
+def test_query_chunk_encodings_are_grouped_by_host():
+    # a chunk is encoded once per host (`chunk_tasks`): workers grouped by Dask's host of
+    # their address, in order; catches grouping by the whole address (one encoding per
+    # worker, as before) or by the port, and a lost None (a segment whose worker is unknown)
+    from lshdist.cluster.driver import hosts_of
+
+    ws = ["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4001", "tcp://10.0.0.1:4002",
+          "tls://10.0.0.2:5000", None, "tcp://[::1]:4003"]
+    assert hosts_of(ws) == {"10.0.0.1": [ws[0], ws[2]], "10.0.0.2": [ws[1], ws[3]],
+                            None: [None], "::1": [ws[5]]}
+    assert hosts_of([]) == {}
