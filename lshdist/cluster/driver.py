@@ -14,8 +14,8 @@ knowing none of them:
   segments of a failed build are removed, never a segment a manifest names;
 * a query (`query`) loads the segments spread over the workers by rows (`spread`), lets the
   kind calibrate and check its recall (`IndexKind.prepare`), then keeps at most a few query
-  chunks in flight (`windowed`): each chunk encoded once and sent to the workers holding
-  segments (or encoded on each of them, as its kind says), each segment searched where it
+  chunks in flight (`windowed`): each chunk encoded once per host and sent to its workers
+  holding segments (or encoded on each of them, as its kind says), each segment searched where it
   lives, the partial answers merged on each worker and then for the chunk, whose Parquet
   parts are written by a task (`chunk_tasks`); results are written aside and renamed into
   place (`lshdist.store.results.write_results`);
@@ -73,9 +73,9 @@ class Built:
 
 @dataclass
 class Chunk:
-    """The tasks of one query chunk, each ``(function, *args)``: ``encode`` runs once and its
-    result is sent to every worker holding segments (``encode_once``), or runs on each of
-    them; ``search`` runs per segment as ``function(segment, encoded, *args)``
+    """The tasks of one query chunk, each ``(function, *args)``: ``encode`` runs once per
+    host and its result is sent to the host's workers holding segments (``encode_once``), or
+    runs on each of them; ``search`` runs per segment as ``function(segment, encoded, *args)``
     (``per_segment``: arguments appended for each segment, in the segments' order) and
     returns a partial answer ``(dist (Q, k), ids (Q, k), candidates (Q,))``; the driver
     merges them (`lshdist.cluster.answers`)."""
@@ -601,11 +601,10 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                 merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
     """Submit query chunk ``c``: ``chunk.encode`` once per host, on the one of its workers the
     scheduler finds least busy (`Chunk.encode_once`), else once on every worker holding
-    segments; ``chunk.search``
-    per segment where the segment lives, each worker's partial answers merged there into one
-    (`merge_partials`, top ``k``), and ``merge`` = (function, *args after the encoding and the
-    partials) beside an encoding.  Returns {merge future: [the chunk's other futures]} for
-    `windowed`.
+    segments; ``chunk.search`` per segment where the segment lives, each worker's partial
+    answers merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function,
+    *args after the encoding and the partials) beside an encoding.  Returns {merge future:
+    [the chunk's other futures]} for `windowed`.
 
     Encoded once per host, a chunk travels to the host's other workers that hold segments
     (never between hosts, where a chunk sent to every other worker would load one network
@@ -614,13 +613,13 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
     quarter of their float32).  The hashed search encoded every chunk on each such worker
     before, because two workers on one host sending each other the 31 MB of a float32 chunk
     spent their event loops copying while their searches waited; encoding once is now faster
-    on two workers
-    (paired, alternated runs: 1,020,000 x 100,000 shifted Fashion-MNIST 1.05-1.13x,
-    Fashion-MNIST 60,000 x 10,000 1.15x end to end, and 1.11x with rows off the grid, sent as
-    float32).  The other kinds encode on each worker (their encodings not measured sent).
-    One partial answer per worker travels.  The placements are preferences: a task whose
-    worker leaves runs elsewhere, with the same answers (lshdist's clusters run without work
-    stealing, `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments).
+    on two workers (paired, alternated runs: 1,020,000 x 100,000 shifted Fashion-MNIST
+    1.05-1.13x, Fashion-MNIST 60,000 x 10,000 1.15x end to end, and 1.11x with rows off the
+    grid, sent as float32).  The other kinds encode on each worker (their encodings not
+    measured sent).  One partial answer per worker travels.  The placements are
+    preferences: a task whose worker leaves runs elsewhere, with the same answers (lshdist's
+    clusters run without work stealing, `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which
+    moved segments).
     ``priority``: Dask's (a worker runs its ready tasks of higher priority first)."""
     segs, homes = loaded.segments, loaded.homes
     if not segs:
