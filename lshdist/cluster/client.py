@@ -181,12 +181,35 @@ def warm_kernels() -> bool:
     ix.query(X[:20], 3, mode="hash")
     ix.query(X[:20], 3, mode="scan")
     ix.index_.search(*_encoded(ix, X[:8]), 1, n_permutations=8, window=8, hamming_keep=0)
+    _warm_grid()
     _warm_parquet()
     # the modules of the job's task functions (a task's function is imported where it is
     # unpickled: a fresh worker's first task paid 0.6-0.9 s for these)
     for name in ("lshdist.cluster.tasks", "lshdist.cluster.answers"):
         importlib.import_module(name)
     return True
+
+
+def _warm_grid() -> None:
+    """The kernels of rows on an exact uint8 grid (pixels: a segment and its queries held on
+    the grid alone, `DensePayload.compact`): the grid found, its rows and norms made, a
+    hashed search and the block scan of a compact segment.  Not warmed, a fresh worker loaded
+    them from numba's cache in its first job's tasks (measured: Fashion-MNIST's first job on a
+    new 2-worker cluster 2.4-2.8 s against 1.8-2.0 s for the next)."""
+    import numpy as np
+
+    from lshdist.index.scan import scan_topk
+    from lshdist.index.searcher import MetricIndex
+    from lshdist.metric.learned import ExplicitMetric
+
+    X = np.random.default_rng(1).integers(0, 256, size=(600, 40)).astype(np.float32)
+    ix = MetricIndex(ExplicitMetric.identity(40), bits=128, target_recall=0.5, seed=0).fit(X)
+    seg = ix.index_.truncated(8)
+    seg.payload_ = seg.payload_.compact()
+    qc, qp = _encoded(ix, X[:8])
+    qp = qp.compact()
+    seg.search(qc, qp, 3, n_permutations=8, window=8, hamming_keep=0)
+    scan_topk(seg.payload_, qp, 3, ids=seg.ids_)
 
 
 def _warm_parquet() -> None:

@@ -35,8 +35,9 @@ def test_workers_start_single_threaded_whatever_the_driver_env(monkeypatch):
 def test_warm_kernels_compiles_the_dense_search_path():
     """`warm_kernels` (run on every worker at job start) leaves every kernel of the dense
     build, calibration and search compiled, so that no task pays a first use: checked in a
-    fresh interpreter (in this one other tests may have compiled them already).  Bug caught:
-    the warm-up covered 6 of them; a 1 M-row query's first search task compiled for 6-13 s."""
+    fresh interpreter (in this one other tests may have compiled them already).  Bugs caught:
+    the warm-up covered 6 of them; a 1 M-row query's first search task compiled for 6-13 s;
+    the exact uint8 grid's kernels were loaded in a fresh cluster's first job."""
     import subprocess
     import sys
 
@@ -48,7 +49,10 @@ need = [h.pack_signs_exact, h.permuted_prefix, o.radix_argsort_u64, s.window_pos
         s.window_positions_bsearch, s.window_candidates, s.collect_windows, s.rerank_dense,
         s.rerank_dense_quantized, s.column_bounds, s.grid_steps, s.quantize_block, s.grid_scale,
         s.scan_thresholds, s.rows_within, s.candidate_hamming,
-        s.candidate_recall_grid]
+        s.candidate_recall_grid,
+        # rows on an exact uint8 grid (pixels): found, made, normed (first job: loaded in tasks)
+        s.grid_unit_block, s.grid_unit, s.grid_fill_block, s.grid_table_exact, s.grid_norms,
+        s.grid_rows]
 missing = [f.py_func.__name__ for f in need if not f.signatures]
 assert not missing, missing
 """
