@@ -198,6 +198,7 @@ def _warm_grid() -> None:
     new 2-worker cluster 2.4-2.8 s against 1.8-2.0 s for the next)."""
     import numpy as np
 
+    from lshdist.index.payload import DensePayload
     from lshdist.index.scan import scan_topk
     from lshdist.index.searcher import MetricIndex
     from lshdist.metric.learned import ExplicitMetric
@@ -205,8 +206,10 @@ def _warm_grid() -> None:
     X = np.random.default_rng(1).integers(0, 256, size=(600, 40)).astype(np.float32)
     ix = MetricIndex(ExplicitMetric.identity(40), bits=128, target_recall=0.5, seed=0).fit(X)
     seg = ix.index_.truncated(8)
-    seg.payload_ = seg.payload_.compact()
     qc, qp = _encoded(ix, X[:8])
+    if not isinstance(seg.payload_, DensePayload) or not isinstance(qp, DensePayload):
+        raise RuntimeError("internal error: an explicit metric's payload is not dense")
+    seg.payload_ = seg.payload_.compact()
     qp = qp.compact()
     seg.search(qc, qp, 3, n_permutations=8, window=8, hamming_keep=0)
     scan_topk(seg.payload_, qp, 3, ids=seg.ids_)
