@@ -184,8 +184,11 @@ def warm_kernels() -> bool:
     _warm_grid()
     _warm_parquet()
     # the modules of the job's task functions (a task's function is imported where it is
-    # unpickled: a fresh worker's first task paid 0.6-0.9 s for these)
-    for name in ("lshdist.cluster.tasks", "lshdist.cluster.answers"):
+    # unpickled: a fresh worker's first task paid 0.6-0.9 s for these), and the two a fresh
+    # worker's first build and query still imported in their tasks (a segment's write, the
+    # first numpy array sent between workers)
+    for name in ("lshdist.cluster.tasks", "lshdist.cluster.answers", "lshdist.store.subspace",
+                 "distributed.protocol.numpy"):
         importlib.import_module(name)
     return True
 
