@@ -197,8 +197,9 @@ def _warm_grid() -> None:
     """The kernels of rows on an exact uint8 grid (pixels: a segment and its queries held on
     the grid alone, `DensePayload.compact`): the grid found, its rows and norms made, a
     hashed search and the block scan of a compact segment.  Not warmed, a fresh worker loaded
-    them from numba's cache in its first job's tasks (measured: Fashion-MNIST's first job on a
-    new 2-worker cluster 2.4-2.8 s against 1.8-2.0 s for the next)."""
+    them from numba's cache in its first job's tasks (measured: Fashion-MNIST's first job on
+    a fresh 2-worker cluster, median of 3, 2.04 s without this, 1.95 s with it; the next job
+    1.8 s either way)."""
     import numpy as np
 
     from lshdist.index.payload import DensePayload

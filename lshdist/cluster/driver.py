@@ -331,7 +331,8 @@ def workers_of(client: Any) -> list[str]:
 
 
 def submit_at(client: Any, where: str | None, fn: Any, *args: Any, **kw: Any) -> Any:
-    """``client.submit`` preferring worker ``where`` (any other when it leaves; None: any)."""
+    """``client.submit`` preferring worker ``where`` (an address, or a host: any of its
+    workers; any other when none is left; None: any)."""
     return client.submit(fn, *args, pure=False, retries=2,
                          workers=None if where is None else [where],
                          allow_other_workers=where is not None, **kw)
@@ -627,10 +628,7 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
     if chunk.encode_once:  # once per host, on its least busy worker
         hosts = hosts_of(where)
-        per_host = {h: client.submit(*chunk.encode, pure=False, retries=2,
-                                     workers=None if h is None else [h],
-                                     allow_other_workers=h is not None, priority=priority)
-                    for h in hosts}
+        per_host = {h: submit_at(client, h, *chunk.encode, priority=priority) for h in hosts}
         encs = {w: per_host[h] for h, ws in hosts.items() for w in ws}
         encoded = list(per_host.values())
         at = None
