@@ -28,26 +28,28 @@ log = logging.getLogger(__name__)
 #: OMP_NUM_THREADS would otherwise win over Dask's default)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
-#: glibc's malloc in LocalCluster worker processes keeps freed memory for reuse — blocks under
-#: 8 MiB from the heap, up to 16 MiB of free heap kept at its top, two arenas — where Dask's
-#: default (``distributed.nanny.pre-spawn-environ``: MALLOC_TRIM_THRESHOLD_=65536, which also
-#: pins the mmap threshold at 128 KiB) maps every larger block on allocation, unmaps it on
-#: free, and the next one faults its pages in again.  Measured on the 1 M-row
-#: benchmark: loading a 100,000-row segment took 4.4x the page faults with Dask's
-#: setting; the 1 M query stage (100,000 queries) took 138-142 s on one worker with Dask's
-#: setting against 111-114 s with this one (91-97 s against 79-82 s on two).  An earlier,
-#: larger setting (64 MiB kept, 32 MiB blocks, any number of arenas) was as fast but held more
-#: (query-memory benchmark, worker peak at 16,000 / 1,000 queries: 1.28 against 1.13 now).
-#: 128 MiB blocks and 128 MiB kept were tried (62.7 MB shard decodes then stay on the
-#: heap; the 2-worker 1 M query stage ~7 % faster in 2 of 3 paired rounds, segment loads alike
-#: once the VM's first touch of memory was out of the way) and 32 / 32 MiB; the query-memory
-#: line (worker peak at 16,000 / 1,000 queries, < 1.20 asked) read 1.22 and 1.20 with them and
-#: 1.19 with this setting the same hour, so this one is kept.
+#: glibc's malloc in LocalCluster worker processes keeps the memory the tasks free for the next
+#: ones: one arena (the heap every thread grows by brk), no block mapped apart (mmap off: a
+#: mapped block is unmapped on free and the next one faults its pages in again), up to 1 GiB
+#: of free heap kept at its top, 64 MiB added at a time.  Dask's default
+#: (``distributed.nanny.pre-spawn-environ``: MALLOC_TRIM_THRESHOLD_=65536, which also pins the
+#: mmap threshold at 128 KiB) maps every larger block on allocation and unmaps it on free.
+#: Page faults cost more than their count on a VM that hands freed guest memory back to its
+#: host (virtio-balloon free page reporting): touched again after ~10 s idle, memory faulted
+#: in at ~3 s a GiB, against 0.15 s a GiB at once.  A worker that kept its memory (this
+#: setting) ran the warm Fashion-MNIST job as fast after a 15 s idle gap as without one
+#: (1.90 against 1.96 s, medians of 4 paired; 0-1,700 page faults a job), where the earlier
+#: setting (8 MiB blocks apart, 16 MiB kept, two arenas) took 2.58 against 2.08 s (11,000 -
+#: 17,000 faults); a fresh cluster's first job 2.41 against 2.65 s (4 paired), its workers'
+#: peak RSS 600 against 540 MB.  A thread's own arena maps every block above its 64 MiB heap
+#: apart whatever the thresholds: hence one arena.  Before: Dask's default against 8 MiB
+#: blocks apart, 1 M-row benchmark, loading a 100,000-row segment took 4.4x the page faults
+#: and the 1 M query stage 138-142 s on one worker against 111-114 s.
 #: Read by glibc when a process starts, so it must be in the environment the worker is
 #: spawned with (the Nanny's pre-spawn config, not its ``env``).  A trim threshold the user
 #: configured is kept (and Dask's default, were it to change, is left alone).
-WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(16 << 20), "MALLOC_MMAP_THRESHOLD_": str(8 << 20),
-                 "MALLOC_TOP_PAD_": str(4 << 20), "MALLOC_ARENA_MAX": "2"}
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_MAX_": "0",
+                 "MALLOC_TOP_PAD_": str(64 << 20), "MALLOC_ARENA_MAX": "1"}
 #: Dask's own default trim threshold (distributed.yaml), which `WORKER_MALLOC` replaces
 DASK_DEFAULT_TRIM = "65536"
 

@@ -99,6 +99,41 @@ def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
     assert not any(v in os.environ for v in WORKER_MALLOC)
 
 
+def _refaults() -> tuple[int, int]:
+    """Minor page faults of filling a 256 MiB array, then of filling another after freeing
+    it (a task's large temporaries, one task after another)."""
+    import resource
+
+    import numpy as np
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    got = []
+    for _ in range(2):
+        before = faults()
+        a = np.ones(64 << 20, np.float32)
+        got.append(faults() - before)
+        del a
+    return got[0], got[1]
+
+
+@pytest.mark.cluster
+def test_workers_reuse_freed_memory_without_faulting_it_in_again(monkeypatch):
+    """A block freed by one task is served again from the worker's heap: the second 256 MiB
+    array faults (almost) nothing in, where a block mapped apart and unmapped on free — any
+    block above 8 MiB before, or above a thread arena's 64 MiB heap with two arenas — faults
+    every page again (128 faults of 2 MiB pages, or 65,536 of 4 KiB ones)."""
+    from lshdist.cluster.client import WORKER_MALLOC
+
+    for var in WORKER_MALLOC:
+        monkeypatch.delenv(var, raising=False)
+    with dask_client(workers=1) as client:
+        first, again = client.submit(_refaults, pure=False).result()  # (in a task thread)
+    assert first >= 64, first  # the first block's pages were faulted in (the check works)
+    assert again < first // 10 and again < 64, (first, again)
+
+
 def test_housekeeping_replaces_only_dasks_defaults():
     import os
 
