@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lshdist.cluster.heartbeat import SchedulerWatch, mark_seen
+from lshdist.cluster.heartbeat import SchedulerWatch, mark_seen, outcome, unpack
 from lshdist.config import ClusterConfig
 from lshdist.errors import ClusterError, InputError
 
@@ -383,24 +383,40 @@ def _bound_calls(client: Any, stall: float, watch: SchedulerWatch) -> None:
 
     def bounded(func: Any, *args: Any, callback_timeout: Any = None, asynchronous: Any = None,
                 **kwargs: Any) -> Any:
-        async def watched() -> Any:
-            # the task running this call (distributed's wait_for) has its failure read even
-            # when nothing waits for it any longer: a call whose caller gave up at the stall
-            # timeout, failing once the client had closed, was logged by asyncio with a
-            # traceback after the job's one-line error (the frozen-scheduler drill, rarely)
-            task = asyncio.current_task()
-            if task is not None:
-                task.add_done_callback(mark_seen)
+        async def call() -> Any:
             out = func(*args, **kwargs)
             return await watch.race(out) if inspect.isawaitable(out) else out
 
+        async def watched() -> tuple[bool, Any]:
+            # the task running this call (distributed's wait_for) carries its failure as a
+            # value (`outcome`) and has it read even when nothing waits for it any longer: a
+            # call whose caller gave up at the stall timeout, failing once the client had
+            # closed, was logged by asyncio with a traceback after the job's one-line error
+            # (the frozen-scheduler drill, rarely)
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(mark_seen)
+            return await outcome(call())
+
+        def stalled() -> ClusterError:
+            return ClusterError(f"the Dask scheduler did not answer for {stall:.0f}s (in "
+                                f"{getattr(func, '__name__', func)}); it is stalled or "
+                                "overloaded — check it, or raise --stall-timeout")
+
+        async def raised() -> Any:  # an asynchronous call: its caller awaits the value
+            return unpack(await watched())
+
+        if client.asynchronous if asynchronous is None else asynchronous:
+            return sync(raised, asynchronous=True, callback_timeout=callback_timeout or stall)
         try:
-            return sync(watched, asynchronous=asynchronous,
-                        callback_timeout=callback_timeout or stall)
+            result = sync(watched, asynchronous=False,
+                          callback_timeout=callback_timeout or stall)
         except TimeoutError:
-            raise ClusterError(f"the Dask scheduler did not answer for {stall:.0f}s (in "
-                               f"{getattr(func, '__name__', func)}); it is stalled or "
-                               "overloaded — check it, or raise --stall-timeout") from None
+            raise stalled() from None
+        ok, value = result
+        if not ok and isinstance(value, TimeoutError):  # (as before: raised by the call)
+            raise stalled() from None
+        return unpack(result)
 
     client.sync = bounded
 

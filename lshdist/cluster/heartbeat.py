@@ -121,10 +121,11 @@ class SchedulerWatch:
         same turn of the loop as its futures were cancelled finished with
         ``FuturesCancelledError``, and asyncio logged that with a traceback after the job's
         one-line error (seen in the frozen-scheduler drill)."""
-        task = asyncio.ensure_future(work)
+        task = asyncio.ensure_future(outcome(work))
         task.add_done_callback(mark_seen)
         if self._stopped or self._event is None:  # closing, or not started yet
-            return await task
+            done: T = unpack(await task)
+            return done
         if self.lost is not None:
             task.cancel()
             raise ClusterError(self.lost)
@@ -136,8 +137,31 @@ class SchedulerWatch:
             if not task.done():
                 task.cancel()
         if task.done():
-            return task.result()
+            got: T = unpack(task.result())
+            return got
         raise ClusterError(self.lost or "the Dask scheduler was lost")
+
+
+async def outcome(work: Awaitable[T]) -> tuple[bool, Any]:
+    """``(True, result)`` or ``(False, exception)`` of ``work``: a task running this never ends
+    with an exception of its own.  `mark_seen` reads a failed task's exception in a callback,
+    which never runs when the loop stops in the same turn as the task fails — as when a call
+    abandoned at the stall timeout (a ``cancel`` of the futures) failed with
+    ``ClosedClientError`` as the client closed: asyncio then logged it with a traceback after
+    the job's one-line error (the frozen-scheduler drill, rarely).  Cancellation still
+    propagates."""
+    try:
+        return True, await work
+    except Exception as exc:
+        return False, exc
+
+
+def unpack(result: tuple[bool, Any]) -> Any:
+    """The result `outcome` carried, or its exception raised."""
+    ok, value = result
+    if ok:
+        return value
+    raise value
 
 
 def mark_seen(question: asyncio.Future[Any]) -> None:

@@ -57,3 +57,43 @@ def test_the_heartbeat_timeout_is_checked():
                                          r"got 0"):
         from_mapping(ClusterConfig, {"heartbeat_timeout": 0}, where="cluster")
     assert ClusterConfig().heartbeat_timeout == 30.0
+
+
+def _unread_failures(make: object) -> list[str]:
+    """Run ``make()`` (a coroutine) as a task to its end on a fresh loop that is then closed
+    without another turn (as a client's loop stops at shutdown), drop the task, and return
+    what asyncio reported of it: "Task exception was never retrieved" for a task that ended
+    with an exception nobody read."""
+    import asyncio
+    import gc
+
+    seen: list[str] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(str(ctx.get("message"))))
+    task = loop.create_task(make())  # type: ignore[operator]
+    while not task.done():
+        loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    del task
+    gc.collect()
+    return seen
+
+
+def test_a_call_that_fails_leaves_no_unread_exception_when_the_loop_stops():
+    """A client call's task carries its failure as a value (`outcome`): nothing for asyncio to
+    log with a traceback after the job's one-line error when the loop stops before a
+    done-callback could read it; `unpack` raises it in the caller."""
+    from lshdist.cluster.heartbeat import outcome, unpack
+
+    async def closed() -> None:
+        raise RuntimeError("Client is closed")
+
+    assert _unread_failures(closed) == ["Task exception was never retrieved"]  # the control
+    assert _unread_failures(lambda: outcome(closed())) == []
+    import asyncio
+
+    ok, exc = asyncio.run(outcome(closed()))
+    assert not ok and isinstance(exc, RuntimeError)
+    with pytest.raises(RuntimeError, match="Client is closed"):
+        unpack((ok, exc))
+    assert unpack(asyncio.run(outcome(asyncio.sleep(0, result=7)))) == 7
