@@ -15,6 +15,7 @@ blocking call of the client (`SchedulerWatch.race`) fails with a `ClusterError`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable
@@ -121,14 +122,15 @@ class SchedulerWatch:
         same turn of the loop as its futures were cancelled finished with
         ``FuturesCancelledError``, and asyncio logged that with a traceback after the job's
         one-line error (seen in the frozen-scheduler drill)."""
+        watching = not (self._stopped or self._event is None)  # (else closing, or not started)
+        if watching and self.lost is not None:
+            _close(work)
+            raise ClusterError(self.lost)
         task = asyncio.ensure_future(outcome(work))
         task.add_done_callback(mark_seen)
-        if self._stopped or self._event is None:  # closing, or not started yet
+        if not watching or self._event is None:
             done: T = unpack(await task)
             return done
-        if self.lost is not None:
-            task.cancel()
-            raise ClusterError(self.lost)
         lost = asyncio.ensure_future(self._event.wait())
         try:
             await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -136,6 +138,7 @@ class SchedulerWatch:
             lost.cancel()
             if not task.done():
                 task.cancel()
+                _close(work)  # (cancelled before it started: `outcome` never awaited it)
         if task.done():
             got: T = unpack(task.result())
             return got
@@ -154,6 +157,13 @@ async def outcome(work: Awaitable[T]) -> tuple[bool, Any]:
         return True, await work
     except Exception as exc:
         return False, exc
+
+
+def _close(work: Awaitable[Any]) -> None:
+    """Close ``work`` if it is a coroutine that never started (a task's cancellation reaches
+    only a coroutine that runs; one never started is otherwise reported as never awaited)."""
+    if inspect.iscoroutine(work) and inspect.getcoroutinestate(work) == inspect.CORO_CREATED:
+        work.close()
 
 
 def unpack(result: tuple[bool, Any]) -> Any:
