@@ -600,8 +600,9 @@ def sample_answer(client: Any, loaded: Loaded, k: int, chunk: Chunk, stall: floa
 
 def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                 merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
-    """Submit query chunk ``c``: ``chunk.encode`` once per host, on the one of its workers the
-    scheduler finds least busy (`Chunk.encode_once`), else once on every worker holding
+    """Submit query chunk ``c``: ``chunk.encode`` once per host, on its workers in turn (chunk
+    c on the (c mod n)-th of its n workers that hold segments; `Chunk.encode_once`), else once
+    on every worker holding
     segments; ``chunk.search`` per segment where the segment lives, each worker's partial
     answers merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function,
     *args after the encoding and the partials) beside an encoding.  Returns {merge future:
@@ -616,19 +617,22 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
     spent their event loops copying while their searches waited; encoding once is now faster
     on two workers (paired, alternated runs: 1,020,000 x 100,000 shifted Fashion-MNIST
     1.05-1.13x, Fashion-MNIST 60,000 x 10,000 1.15x end to end, and 1.11x with rows off the
-    grid, sent as float32).  The other kinds encode on each worker (their encodings not
-    measured sent).  One partial answer per worker travels.  The placements are
-    preferences: a task whose worker leaves runs elsewhere, with the same answers (lshdist's
-    clusters run without work stealing, `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which
-    moved segments).
+    grid, sent as float32).  The encodings take turns rather than go where the scheduler
+    finds a worker least busy: asked at once for every chunk in flight, it put them all on
+    one worker, the other waiting for each (Fashion-MNIST, 2 workers: 0.1 s idle a chunk).
+    The other kinds encode on each worker (their encodings not measured sent).  One partial
+    answer per worker travels.  The placements are preferences: a task whose worker leaves
+    runs elsewhere, with the same answers (lshdist's clusters run without work stealing,
+    `lshdist.cluster.client.SCHEDULER_PLACEMENT`, which moved segments).
     ``priority``: Dask's (a worker runs its ready tasks of higher priority first)."""
     segs, homes = loaded.segments, loaded.homes
     if not segs:
         raise InputError("a query chunk needs at least one segment to search")
     where = list(dict.fromkeys(homes))  # distinct, in the segments' order
-    if chunk.encode_once:  # once per host, on its least busy worker
+    if chunk.encode_once:  # once per host, its workers in turn
         hosts = hosts_of(where)
-        per_host = {h: submit_at(client, h, *chunk.encode, priority=priority) for h in hosts}
+        per_host = {h: submit_at(client, ws[c % len(ws)], *chunk.encode, priority=priority)
+                    for h, ws in hosts.items()}
         encs = {w: per_host[h] for h, ws in hosts.items() for w in ws}
         encoded = list(per_host.values())
         at = None

@@ -118,3 +118,41 @@ def test_query_chunk_encodings_are_grouped_by_host():
     assert hosts_of(ws) == {"10.0.0.1": [ws[0], ws[2]], "10.0.0.2": [ws[1], ws[3]],
                             None: [None], "::1": [ws[5]]}
     assert hosts_of([]) == {}
+
+
+def _worker_address(*_args):
+    from distributed import get_worker
+
+    return get_worker().address
+
+
+def _no_answer(_segment, encoded):
+    return encoded
+
+
+def _encoded_where(encoded, _local):
+    return encoded
+
+
+def test_query_chunk_encodings_take_turns_on_a_hosts_workers():
+    # two workers on one host, each holding a segment: chunk c is encoded on the (c mod 2)-th,
+    # so both encode at once (the scheduler, left to choose, put every chunk in flight on one
+    # worker while the other waited for it); each chunk's encoding reaches every segment
+    from distributed import Client, LocalCluster
+
+    from lshdist.cluster.driver import Chunk, Loaded, chunk_tasks, workers_of
+
+    with LocalCluster(processes=False, n_workers=2, threads_per_worker=1,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        ws = workers_of(client)
+        segs = [client.scatter(j, workers=[w]) for j, w in enumerate(ws)]
+        loaded = Loaded(shared={}, segments=segs, homes=list(ws))
+        chunk = Chunk(encode=(_worker_address,), search=(_no_answer,), encode_once=True)
+        where = []
+        for c in range(4):
+            ((merged, rest),) = chunk_tasks(client, c, loaded, 10, chunk,
+                                            (_encoded_where,)).items()
+            where.append(merged.result())
+            assert [p.result() for p in rest[1:3]] == [where[-1]] * 2  # each segment's search
+            client.cancel([merged, *rest])
+    assert where == [ws[0], ws[1], ws[0], ws[1]]
