@@ -466,6 +466,37 @@ def exact_grid(Z, lo, hi):
 
 
 @njit(cache=True, nogil=True)
+def byte_grid_unit(U, lo):
+    """The smallest positive ``u - lo_j`` over uint8 rows ``U`` (N, d) whose column minima are
+    ``lo`` (uint8 (d,)), 0 when there is none (every column constant): `exact_grid`'s unit of
+    the same rows in float32.  Per column, the minima kept in a (d,) vector (the inner loop
+    over the columns vectorises, as `grid_unit_block`'s)."""
+    d = U.shape[1]
+    m = np.full(d, 256, dtype=np.int32)
+    for r in range(U.shape[0]):
+        for j in range(d):
+            t = np.int32(U[r, j]) - np.int32(lo[j])
+            m[j] = t if (t > 0) & (t < m[j]) else m[j]
+    g = 256
+    for j in range(d):
+        g = min(g, m[j])
+    return 0 if g == 256 else g
+
+
+@njit(cache=True, nogil=True)
+def byte_grid_fill(U, lo, g, out):
+    """``out = (U - lo) / g`` for uint8 rows ``U`` (column minima ``lo``, unit ``g`` > 1);
+    False when some ``u - lo_j`` is not a multiple of ``g`` (no exact grid of that unit)."""
+    ok = True
+    for r in range(U.shape[0]):
+        for j in range(U.shape[1]):
+            t = np.int32(U[r, j]) - np.int32(lo[j])
+            ok &= t % g == 0
+            out[r, j] = np.uint8(t // g)
+    return ok
+
+
+@njit(cache=True, nogil=True)
 def grid_row(U, lo, step, r, out):
     """Row ``r`` of an exact grid (`exact_grid`) into float32 ``out`` (d,): ``lo + step u``,
     each entry the stored float32 number exactly."""

@@ -86,7 +86,7 @@ def broadcast_family(client: Any, model: str, *, bits: int, seed: int, learned: 
 class CheckSample:
     """The recall check of the query planned with a build (`build_and_query`): the query
     set, its sample's rows (`check_rows`) and k.  The build finds their exact neighbours on
-    the fitted segments (`tasks.check_truth`), which still hold their float32 rows."""
+    the fitted segments (`tasks.check_truth`), still in worker memory."""
 
     queries: str
     rows: np.ndarray
@@ -395,7 +395,7 @@ def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPa
 class _CheckTruths:
     """For the query that follows a fresh build (``check``): its recall check's sample,
     read once, and that sample's exact top-k in each fitted segment (`tasks.check_truth`, on
-    the float32 rows the fit still holds), merged over the segments.
+    the segment the fit still holds), merged over the segments.
 
     A segment's task is submitted when its worker would otherwise wait (`start`: its
     calibration scan is done and another segment's is not, so the calibration's grid cannot

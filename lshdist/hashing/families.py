@@ -89,7 +89,11 @@ class HashFamily:
         used both cores and the packing one; Fashion-MNIST 60,000 rows, b = 512, 2 threads:
         0.31 -> 0.24 s).  The keys are the same whatever ``n_threads``."""
         if self.float32_blas and isinstance(X, np.ndarray) and X.ndim == 2:
-            X32, W, off = self._f32_terms(X)
+            # rows stored as bytes are made float32 a block at a time (the same numbers)
+            as_bytes = X.dtype == np.uint8
+            X32, W, off = self._f32_terms(X[:0] if as_bytes else X)
+            if as_bytes:
+                X32 = X
             if self._exact is None:
                 # twice the error bound (d + 2) u of a float32 product of length d, then the
                 # subtraction, rounded up to float32 (the comparison's precision)
@@ -105,7 +109,8 @@ class HashFamily:
 
             def rows(start: int, stop: int) -> None:
                 for lo in range(start, stop, HASH_BLOCK_ROWS):
-                    blk = np.ascontiguousarray(X32[lo:min(lo + HASH_BLOCK_ROWS, stop)])
+                    blk = np.ascontiguousarray(X32[lo:min(lo + HASH_BLOCK_ROWS, stop)],
+                                               dtype=np.float32)
                     P = blk @ W - off
                     xnorm = np.sqrt(np.einsum("ij,ij->i", blk, blk))
                     out[lo:lo + len(blk)] = pack_signs_exact(P, blk, xnorm, Wt, off, wtol32,

@@ -18,6 +18,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from lshdist._kernels.search import (
+    byte_grid_fill,
+    byte_grid_unit,
     centred_sq_norms,
     column_bounds,
     grid_fill_block,
@@ -275,6 +277,29 @@ class DensePayload:
             raise InputError(f"a grid payload has U (N, d), lo (d,) and step (d,); got U "
                              f"{U.shape}, lo {lo.shape}, step {step.shape}")
         return cls._on_grid((lo, step, U), grid_quantized(lo, step, U))
+
+    @classmethod
+    def from_bytes(cls, B: np.ndarray) -> DensePayload:
+        """Rows of uint8 values (a dataset stored as bytes, under the identity metric) without
+        their float32 copy: held on the exact grid that `compact` finds for the same rows in
+        float32 -- ``lo`` the column minima, one unit ``g`` (the smallest positive step above
+        a column's minimum; 1 when every column is constant) and ``u = (x - lo) / g``, the
+        same arrays (tested) --, or, when some step is not a multiple of ``g``, as those
+        float32 rows (as `compact` keeps them)."""
+        if B.dtype != np.uint8 or B.ndim != 2:
+            raise InputError(f"byte rows are uint8 (n, d), got {B.dtype} {B.shape}")
+        if len(B) == 0:
+            return cls(B)
+        B = np.ascontiguousarray(B)
+        lo = B.min(axis=0)
+        g = int(byte_grid_unit(B, lo)) or 1
+        if g == 1:
+            U = B - lo if lo.any() else B  # (no wrap: every entry is at least its minimum)
+        else:
+            U = np.empty_like(B)
+            if not byte_grid_fill(B, lo, g, U):
+                return cls(B)
+        return cls.from_grid(lo.astype(np.float32), np.full(B.shape[1], g, np.float32), U)
 
     @classmethod
     def _on_grid(cls, grid: tuple[np.ndarray, np.ndarray, np.ndarray],

@@ -678,21 +678,22 @@ class Dataset:
         s = off[start - lo:stop - lo + 1]
         return s - s[0], [a[s[0] - base:s[-1] - base] for a in arrays]
 
-    def _dense_rows(self, start: int, stop: int, take: np.ndarray | None = None
-                    ) -> np.ndarray:
-        """Rows ``start:stop`` of a dense X (float32, whatever it is stored as), read shard
-        by shard, each checked; ``take``: only these of them (numbered from ``start``)."""
+    def _dense_rows(self, start: int, stop: int, take: np.ndarray | None = None, *,
+                    dtype: Any = np.float32) -> np.ndarray:
+        """Rows ``start:stop`` of a dense X (float32, whatever it is stored as; ``dtype``
+        uint8: as stored, for `read_byte_rows`), read shard by shard, each checked;
+        ``take``: only these of them (numbered from ``start``)."""
         i0, i1 = self._covering(start, stop)
         b = self.shard_bounds
         if i1 == i0:
-            return np.zeros((0 if take is None else len(take), self.d), np.float32)
+            return np.zeros((0 if take is None else len(take), self.d), dtype)
         lo = int(b[i0])
         (X,) = self._read_spans([self._array("X")], lo, int(b[i1]), [
             (i, int(b[i]), int(b[i + 1])) for i in range(i0, i1)], "X")
         for i in range(i0, i1):
             self._check_shard("X", i, X[int(b[i]) - lo:int(b[i + 1]) - lo])
         rows = X[start - lo:stop - lo]
-        return np.ascontiguousarray(rows if take is None else rows[take], dtype=np.float32)
+        return np.ascontiguousarray(rows if take is None else rows[take], dtype=dtype)
 
     def _read_spans(self, sources: list[zarr.Array[Any]], lo: int, hi: int,
                     shards: list[tuple[int, int, int]], name: str) -> list[np.ndarray]:
@@ -791,6 +792,12 @@ class Dataset:
         """What the rows read are: ``dense``, ``sparse`` or ``pointsets`` (sets of local
         features; a model's set embedding reads them as sparse rows)."""
         return str(self.attrs["kind"])
+
+    @property
+    def byte_valued(self) -> bool:
+        """Whether the rows are dense and stored as uint8 (format 3: every value an integer
+        in 0..255), which `read_byte_rows` reads without their float32 copy."""
+        return self.kind == "dense" and self.attrs.get("version") == BYTES_VERSION
 
     @property
     def stored_kind(self) -> str:
@@ -924,6 +931,15 @@ class Dataset:
             indptr, (indices, data) = self._csr_rows(start, stop, "X/indptr",
                                                      ("X/indices", "X/data"), "X")
             return SparseBlock.from_arrays(indptr, indices, data)
+
+    def read_byte_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a `byte_valued` dataset as stored: uint8 (n, d), each
+        shard checked as `read_rows` checks it (whose float32 rows are these numbers)."""
+        if not self.byte_valued:
+            raise InputError(f"dataset {str(self.path)!r} is not stored as bytes; read its "
+                             "rows with read_rows")
+        with self._reading(f"rows {start}:{stop} of X"):
+            return self._dense_rows(start, stop, dtype=np.uint8)
 
     def read_row_set(self, rows: np.ndarray, *, threads: int = 1) -> Block:
         """The rows numbered ``rows`` (sorted, unique), read shard by shard: memory holds

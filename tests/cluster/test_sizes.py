@@ -108,3 +108,31 @@ def test_a_stall_names_the_paused_workers():
     assert "does not spill to disk" in msg and "--workers" in msg
     assert "stalled" in stalled_reason([future({"tcp://b:2": {"status": "running"}})])
     assert "stalled" in stalled_reason([])
+
+
+def test_a_segment_of_byte_rows_is_fitted_without_their_float32_copy(fashion, tmp_path):
+    """Pixel rows (a dataset stored as bytes) under the identity metric are fitted from their
+    uint8 rows: the segment holds them on their exact grid alone, with the keys and grid of
+    the same rows fitted in float32; the query chunk's payload is on its grid too.  Under a
+    learned metric the payload is G x, float32, as before."""
+    from lshdist.index.searcher import encode
+    from lshdist.metric.learned import ExplicitMetric
+    from lshdist.store.dataset import write_dataset
+    from lshdist.store.model import save_model
+
+    X = np.ascontiguousarray(fashion.X_train[:1_500], dtype=np.uint8)
+    write_dataset(tmp_path / "data", X, shard_rows=500)
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(784, 784))
+    for name, metric in (("identity", ExplicitMetric.identity(784, center=X.mean(axis=0))),
+                         ("learned", ExplicitMetric(np.eye(784) + M @ M.T / 784**2))):
+        save_model(tmp_path / name, metric)
+        family = tasks.load_family(str(tmp_path / name), 64, 0, True)
+        seg = tasks.fit_segment(str(tmp_path / "data"), (1, 3), family, 8, None, 0)
+        codes, payload = encode(family.metric, family, X[500:].astype(np.float32))
+        assert np.array_equal(seg.codes_, codes)
+        assert seg.payload_.held_on_grid == (name == "identity")
+        want = payload.compact().arrays()
+        assert all(np.array_equal(seg.payload_.arrays()[k], v) for k, v in want.items())
+        _, q, _ = tasks.encode_queries(str(tmp_path / "data"), 0, 700, family)
+        assert q.held_on_grid == (name == "identity")

@@ -317,3 +317,62 @@ def test_float32_unit_gives_the_float64_units_grid(fashion, seed):
     g64 = grid_unit(ref)
     assert not (grid_fill_block(Z, lo, g64, 0, len(Z), V, umax)
                 and grid_table_exact(lo, np.full(Z.shape[1], np.float32(g64)), umax))
+
+
+def _byte_cases(fashion):
+    rng = np.random.default_rng(3)
+    X = np.ascontiguousarray(fashion.X_train[:2_000], dtype=np.uint8)
+    shifted = rng.integers(17, 200, size=(300, 12)).astype(np.uint8)  # nonzero minima
+    even = (rng.integers(0, 100, size=(300, 12)) * 2 + 5).astype(np.uint8)  # unit 2
+    even[:, 3] = 9  # and a constant column
+    mixed = even.copy()
+    mixed[7, 2] += 1  # one step not a multiple of the unit: no exact grid
+    return {"pixels": X, "shifted": shifted, "even": even, "mixed": mixed,
+            "constant": np.full((40, 5), 200, np.uint8), "one row": X[:1],
+            "no rows": X[:0]}
+
+
+def test_payload_from_bytes_is_the_compacted_float32_payload(fashion):
+    """`DensePayload.from_bytes` of uint8 rows holds the exact grid that `compact` finds for
+    the same rows in float32 (the same lo, unit and U, held on it alone), or, when there is
+    none, the float32 rows; its distances are theirs, bit for bit.  Bugs caught: the unit
+    taken as 1 for even-valued rows, U not shifted by nonzero column minima, a grid kept
+    where one step is not a multiple of the unit, a constant column's unit of 0."""
+    for name, B in _byte_cases(fashion).items():
+        want = DensePayload(B.astype(np.float32)).compact()
+        got = DensePayload.from_bytes(B)
+        assert got.held_on_grid == want.held_on_grid == (name not in ("mixed", "no rows")), name
+        a, b = want.arrays(), got.arrays()
+        assert a.keys() == b.keys(), name
+        for key in a:
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (name, key)
+        if len(B) > 1:
+            q = DensePayload(B[::3].astype(np.float32) + np.float32(0.5))
+            assert np.array_equal(got.distances(q), want.distances(q)), name
+    with pytest.raises(InputError, match="byte rows are uint8"):
+        DensePayload.from_bytes(np.zeros((3, 2), np.float32))
+
+
+def test_byte_rows_encode_as_their_float32_rows(fashion):
+    """`encode` of uint8 rows under the identity metric (no float32 copy: hashed a block at a
+    time, the payload on its grid) gives the keys and payload of the same rows in float32,
+    hashed and not; under a learned metric the bytes take the float32 path (its payload is
+    G x).  Bugs caught: the blocks hashed as uint8 products, a block boundary off by a row."""
+    from lshdist.hashing.families import HASH_BLOCK_ROWS, family_for
+    from lshdist.index.searcher import encode
+    from lshdist.metric.learned import ExplicitMetric
+
+    B = np.ascontiguousarray(fashion.X_train[:2 * HASH_BLOCK_ROWS + 37], dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(784, 784))
+    centre = B.mean(axis=0)
+    for metric in (ExplicitMetric.identity(784), ExplicitMetric.identity(784, center=centre),
+                   ExplicitMetric(np.eye(784) + M @ M.T / 784**2)):
+        family = family_for(metric, bits=128, seed=5, learned=True)
+        for hashed in (True, False):
+            kb, pb = encode(metric, family, B, hashed=hashed)
+            kf, pf = encode(metric, family, B.astype(np.float32), hashed=hashed)
+            assert np.array_equal(kb, kf) and kb.shape == kf.shape
+            assert pb.held_on_grid == metric.is_identity
+            pf = pf.compact()
+            assert all(np.array_equal(pb.arrays()[k], v) for k, v in pf.arrays().items())

@@ -339,6 +339,9 @@ def test_byte_values_are_stored_as_bytes(tmp_path, make):
     rows = np.array([0, 4, 9, 10, 22])
     assert np.array_equal(ds.read_row_set(rows), pixels[rows].astype(np.float32))
     assert np.array_equal(ds.read_shard(2), pixels[20:].astype(np.float32))
+    assert ds.byte_valued
+    raw = ds.read_byte_rows(3, 17)  # as stored, across a shard boundary
+    assert raw.dtype == np.uint8 and np.array_equal(raw, pixels[3:17])
     ds.verify()
     chunk = tmp_path / "b" / "X" / "c" / "1" / "0"
     data = bytearray(chunk.read_bytes())
@@ -346,6 +349,8 @@ def test_byte_values_are_stored_as_bytes(tmp_path, make):
     chunk.write_bytes(bytes(data))
     with pytest.raises(FormatError, match=r"shard 1 \(rows 10:20\) of X"):
         Dataset(tmp_path / "b").read_rows(10, 20)
+    with pytest.raises(FormatError, match=r"shard 1 \(rows 10:20\) of X"):
+        Dataset(tmp_path / "b").read_byte_rows(12, 14)
 
 
 @pytest.mark.parametrize("X", [np.array([[0.5, 1.0]], np.float32), np.array([[256.0, 1.0]]),
@@ -355,8 +360,10 @@ def test_other_values_stay_float32(tmp_path, X):
     """Rows that are not all bytes stay float32 -- -0.0 too: as a byte it would read back as
     +0.0, and the rows' round trip is bit for bit."""
     ds = write_dataset(tmp_path / "f", X)
-    assert ds.attrs["version"] == 2
+    assert ds.attrs["version"] == 2 and not ds.byte_valued
     assert zarr.open_array(tmp_path / "f" / "X", mode="r").dtype == np.float32
+    with pytest.raises(InputError, match="is not stored as bytes; read its rows with read_rows"):
+        ds.read_byte_rows(0, 1)
     back = ds.read_all()
     assert np.array_equal(back.view(np.uint32), X.astype(np.float32).view(np.uint32))
 
