@@ -14,8 +14,10 @@ kept the prior).
   written; total = both, start to end; on one 2-worker LocalCluster started once (start-up
   reported apart).
 * FAISS ``IVFFlat`` on 2 threads: nlist in (1, 2) x sqrt(N), trained on 40 rows per list;
-  nprobe swept once on the truth queries; in every round the cheapest (by the sweep's build +
-  search scaled to 100,000 queries) reaching recall 0.9 is built and searched with all queries.
+  nprobe swept once on the truth queries; in every round the ``BENCH_IVF_CANDIDATES``
+  (default 2) cheapest settings (by the sweep's build + search scaled to 100,000 queries)
+  reaching recall 0.9 are built and searched with all queries, and the round's IVF total is
+  the fastest of them that reached 0.9 on the truth queries.
 
 Rounds alternate the order (`common.paired_rounds`); the ratio is IVF / lshdist per round.
 Numba's default cache (``BENCH_NUMBA_CACHE=default`` is set here: a user's second run; a fresh
@@ -48,6 +50,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WARMUP = int(os.environ.get("BENCH_WARMUP", "0"))
 NPROBES = [1, 2, 4, 8, 16]
 IVF_FACTORS = (1, 2)
+IVF_CANDIDATES = int(os.environ.get("BENCH_IVF_CANDIDATES", "2"))
 
 
 def main() -> None:
@@ -116,19 +119,31 @@ def main() -> None:
                 key=lambda s: s["estimated total s"])
     if not ok:
         raise SystemExit("no IVFFlat setting of the sweep reached recall 0.9")
-    nlist, nprobe = ok[0]["nlist"], ok[0]["nprobe"]
+    # the sweep times each setting once: a noisy sample search can make a setting look
+    # dearer than it is, so every round runs the cheapest few and keeps the fastest that
+    # reaches the target (IVF's best total, not the one setting the sweep happened to favour)
+    cands = sorted(ok[:IVF_CANDIDATES], key=lambda s: (s["nlist"], s["nprobe"]))
 
     def ivf_round() -> dict:
-        t0 = time.perf_counter()
-        ix = ivf_build(nlist)
-        tb = time.perf_counter() - t0
-        ix.nprobe = nprobe
-        _, rows = ix.search(Zq, K)
-        tq = time.perf_counter() - t0 - tb
-        r = rec_rows(rows[np.asarray(truth["queries"])], np.arange(len(t_ids)))
-        del ix
-        return {"build s": tb, "query s": tq, "total s": tb + tq, "recall@10": r,
-                "setting": f"nlist={nlist}, nprobe={nprobe}"}
+        best, last, built = None, None, None
+        for c in cands:
+            nlist, nprobe = c["nlist"], c["nprobe"]
+            if built is None or built[0] != nlist:  # one build per nlist (grouped above)
+                built = None
+                t0 = time.perf_counter()
+                built = (nlist, ivf_build(nlist), time.perf_counter() - t0)
+            _, ix, tb = built
+            ix.nprobe = nprobe
+            t0 = time.perf_counter()
+            _, rows = ix.search(Zq, K)
+            tq = time.perf_counter() - t0
+            r = rec_rows(rows[np.asarray(truth["queries"])], np.arange(len(t_ids)))
+            last = {"build s": tb, "query s": tq, "total s": tb + tq, "recall@10": r,
+                    "setting": f"nlist={nlist}, nprobe={nprobe}"}
+            if r >= TARGET and (best is None or last["total s"] < best["total s"]):
+                best = last
+        del built
+        return best if best is not None else last
 
     # ------------------------------------------------ lshdist on one 2-worker cluster
     index, results = WORK / "index", WORK / "results"
