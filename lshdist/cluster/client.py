@@ -219,6 +219,9 @@ def _warm_grid() -> None:
     qp = qp.compact()
     seg.search(qc, qp, 3, n_permutations=8, window=8, hamming_keep=0)
     scan_topk(seg.payload_, qp, 3, ids=seg.ids_)
+    B = X.astype(np.uint8)  # rows fitted as the bytes they are stored as: the grid's unit 1
+    DensePayload.from_bytes(B)  # and, for even values, 2
+    DensePayload.from_bytes(B & np.uint8(0xFE))
 
 
 def _warm_parquet() -> None:
