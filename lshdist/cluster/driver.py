@@ -602,11 +602,10 @@ def chunk_tasks(client: Any, c: int, loaded: Loaded, k: int, chunk: Chunk,
                 merge: tuple[Any, ...], *, priority: int = 0) -> dict[Any, list[Any]]:
     """Submit query chunk ``c``: ``chunk.encode`` once per host, on its workers in turn (chunk
     c on the (c mod n)-th of its n workers that hold segments; `Chunk.encode_once`), else once
-    on every worker holding
-    segments; ``chunk.search`` per segment where the segment lives, each worker's partial
-    answers merged there into one (`merge_partials`, top ``k``), and ``merge`` = (function,
-    *args after the encoding and the partials) beside an encoding.  Returns {merge future:
-    [the chunk's other futures]} for `windowed`.
+    on every worker holding segments; ``chunk.search`` per segment where the segment lives,
+    each worker's partial answers merged there into one (`merge_partials`, top ``k``), and
+    ``merge`` = (function, *args after the encoding and the partials) beside an encoding.
+    Returns {merge future: [the chunk's other futures]} for `windowed`.
 
     Encoded once per host, a chunk travels to the host's other workers that hold segments
     (never between hosts, where a chunk sent to every other worker would load one network

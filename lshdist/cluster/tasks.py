@@ -13,8 +13,13 @@ from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
 from lshdist.index.payload import DensePayload
 from lshdist.index.permutation import PackedSegment, PermutationIndex
-from lshdist.index.searcher import answer, calibrate_index, encode, permutation_seed
-from lshdist.metric.learned import ExplicitMetric
+from lshdist.index.searcher import (
+    answer,
+    calibrate_index,
+    encode,
+    payload_is_rows,
+    permutation_seed,
+)
 from lshdist.store.dataset import Dataset
 from lshdist.store.embedded import open_data
 from lshdist.store.index import (
@@ -65,8 +70,7 @@ def _rows(ds: Dataset, family: HashFamily, start: int, stop: int) -> Any:
     the rows themselves (`encode` then makes no float32 copy of them: a fitted segment of
     30,000 x 784 pixel rows holds 24 MB of rows instead of 94, until it is written), else
     `Dataset.read_rows`'."""
-    metric = _metric(family)
-    if ds.byte_valued and isinstance(metric, ExplicitMetric) and metric.is_identity:
+    if ds.byte_valued and payload_is_rows(_metric(family)):
         return ds.read_byte_rows(start, stop)
     return ds.read_rows(start, stop)
 

@@ -53,7 +53,8 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     metric are encoded without their float32 copy: hashed a block at a time, the payload held
     on its exact grid (`DensePayload.from_bytes`) -- the keys and payload of the same rows in
     float32."""
-    if isinstance(X, np.ndarray) and _identity_bytes(metric, X):
+    if (isinstance(X, np.ndarray) and X.dtype == np.uint8 and X.ndim == 2
+            and payload_is_rows(metric)):
         metric.check(X[:0])  # (the columns checked; bytes are finite)
         codes = (family.hash(X, n_threads=n_threads) if hashed
                  else np.zeros((len(X), 0), np.uint64))
@@ -69,11 +70,10 @@ def encode(metric: Metric, family: HashFamily, X: RowsLike, *, query: bool = Fal
     return codes, payload
 
 
-def _identity_bytes(metric: Metric, X: np.ndarray) -> bool:
-    """Whether ``X`` is uint8 rows whose payload, under ``metric``, is the rows themselves
-    (an explicit identity metric)."""
-    return (X.dtype == np.uint8 and X.ndim == 2 and isinstance(metric, ExplicitMetric)
-            and metric.is_identity)
+def payload_is_rows(metric: Metric) -> bool:
+    """Whether ``metric``'s re-rank payload of a row is the row itself (an explicit identity
+    metric): rows stored as bytes are then encoded as read (`encode`)."""
+    return isinstance(metric, ExplicitMetric) and metric.is_identity
 
 
 def kernel_values(metric: Metric, B: Block) -> np.ndarray | None:
