@@ -162,8 +162,9 @@ class RandomHyperplanes(HashFamily):
 
 
 class LearnedExplicit(HashFamily):
-    """``h_{r,A}(x) = [r^T G (x - mu) >= 0]`` with ``RG`` (b x d) precomputed (eq. 10);
-    ``mu`` is the metric's centre (zero when it has none: the paper's form)."""
+    """``h_{r,A}(x) = [r^T G (x - mu) >= 0]`` with ``RG`` (b x d) precomputed (eq. 10; kept
+    transposed, in float32); ``mu`` is the metric's centre (zero when it has none: the
+    paper's form)."""
 
     name = "learned-explicit"
     float32_blas = True
@@ -172,13 +173,16 @@ class LearnedExplicit(HashFamily):
     def __init__(self, metric: ExplicitMetric, *, bits: int, seed: int = 0):
         super().__init__(bits=bits, seed=seed)
         self.metric = metric
-        self.RG = gaussian_matrix(self.seed, metric.d, self.bits) @ metric.G
+        R = gaussian_matrix(self.seed, metric.d, self.bits)
+        # R I is R, exactly (each entry r 1 plus zeros): the prior skips the d x d x b product
+        RG = R if metric.is_identity else R @ metric.G
         c = metric.center
-        self.offset = np.zeros(self.bits) if c is None else self.RG @ c.astype(np.float64)
+        self.offset = np.zeros(self.bits) if c is None else RG @ c.astype(np.float64)
         # the product runs in float32 (the rows' own precision; half the bytes and twice the
         # flops of float64): the signs differ from float64 only where |r^T G (x - mu)| is
-        # within float32 rounding of 0, and database and queries are hashed by this one path
-        self._RGt32 = np.ascontiguousarray(self.RG.T.astype(np.float32))  # (d, b)
+        # within float32 rounding of 0, and database and queries are hashed by this one path.
+        # Only this copy is kept (RG in float64 would be sent with every family broadcast)
+        self._RGt32 = np.ascontiguousarray(RG.T.astype(np.float32))  # (d, b)
         self._offset32 = self.offset.astype(np.float32)
 
     def _f32_terms(self, X: RowsLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

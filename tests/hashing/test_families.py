@@ -225,3 +225,43 @@ def test_exact_signs_kernel_overrides_any_float32_error_within_the_bound():
     assert np.array_equal(got, pack_signs(T))
     assert np.array_equal(pack_signs_exact(T.astype(np.float32), X, xn, Wt, off, wtol, otol),
                           pack_signs(T))
+
+
+def test_identity_metric_factor_hash_and_transfer_are_the_general_ones():
+    """The prior (A = I) skips the Cholesky factorisation and the R G product: its G is
+    cholesky(I)^T and its RG is R @ I, bit for bit, so its keys are the general path's; sent
+    between processes it is its size, and comes back the same metric."""
+    import pickle
+
+    from lshdist.metric.learned import ExplicitMetric
+
+    d, bits = 37, 70
+    rng = np.random.default_rng(3)
+    centre = rng.normal(size=d).astype(np.float32)
+    m = ExplicitMetric.identity(d, center=centre)
+    assert m.is_identity
+    np.testing.assert_array_equal(m.G, np.linalg.cholesky(np.eye(d)).T)
+    fam = LearnedExplicit(m, bits=bits, seed=4)
+    R = gaussian_matrix(4, d, bits)
+    RG = R @ np.linalg.cholesky(np.eye(d)).T
+    np.testing.assert_array_equal(fam._RGt32, RG.T.astype(np.float32))
+    np.testing.assert_array_equal(fam.offset, RG @ centre.astype(np.float64))
+
+    blob = pickle.dumps(m)
+    assert len(blob) < 8 * d * d  # neither A nor G is in it
+    back = pickle.loads(blob)
+    assert back.is_identity and back.d == d
+    np.testing.assert_array_equal(back.A, np.eye(d))
+    np.testing.assert_array_equal(back.G, np.eye(d))
+    np.testing.assert_array_equal(back.center, centre)
+    X = rng.normal(size=(50, d)).astype(np.float32)
+    np.testing.assert_array_equal(LearnedExplicit(back, bits=bits, seed=4).hash(X), fam.hash(X))
+
+    # a learned metric travels whole, and is unchanged
+    A = np.eye(d) + 0.1 * np.outer(centre, centre) / float(centre @ centre)
+    learned = ExplicitMetric(A)
+    assert not learned.is_identity
+    again = pickle.loads(pickle.dumps(learned))
+    np.testing.assert_array_equal(again.A, learned.A)
+    np.testing.assert_array_equal(again.G, learned.G)
+    np.testing.assert_array_equal(again.A, 0.5 * (A + A.T))
