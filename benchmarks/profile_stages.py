@@ -97,10 +97,11 @@ def replay_segment(data: str, model: str, rows: int, lists_kept: int, seed: int 
     from lshdist.index.searcher import calibrated_lists, hash_rows, kernel_values, permutation_seed
     from lshdist.store.dataset import Dataset
     from lshdist.store.index import write_segment
-    from lshdist.store.model import array_checksum
+    from lshdist.store.model import array_checksum, read_model_meta
 
     cfg = IndexConfig()
-    family = load_family(model, cfg.bits, cfg.seed, True)
+    family = load_family(model, cfg.key_bits(read_model_meta(model)["kind"] == "explicit"),
+                         cfg.seed, True)
     metric = family.metric
     ds = Dataset(data)
     tmp = Path(model).parent / "replay-index"

@@ -148,8 +148,9 @@ class MetricIndex:
         ``M`` from ``permutations`` or ``epsilon``).
     calibration_k : int
         The k of the calibrated recall.
-    bits : int
-        Bits per hash key.
+    bits : int, optional
+        Bits per hash key; default 256 under an explicit metric (or none), 512 under a
+        kernelized one (`lshdist.config.default_key_bits`).
     permutations : int, optional
         M, permutation-sorted lists (fixed; default calibrated).
     epsilon : float, optional
@@ -201,7 +202,7 @@ class MetricIndex:
 
     def __init__(self, metric: Any = None, *,
                  target_recall: float | None = IndexConfig.target_recall,
-                 calibration_k: int = IndexConfig.k, bits: int = IndexConfig.bits,
+                 calibration_k: int = IndexConfig.k, bits: int | None = None,
                  permutations: int | None = IndexConfig.permutations,
                  epsilon: float | None = IndexConfig.epsilon,
                  window: int | None = IndexConfig.window,

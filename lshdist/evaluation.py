@@ -57,7 +57,7 @@ class HashSettings:
     and H given are fixed; left None they are calibrated for ``target_recall``, or without a
     target taken as `MetricIndex` takes them (M from epsilon, W = 1, H = 0: all)."""
 
-    bits: int = IndexConfig.bits
+    bits: int | None = None  # by the metric's kind (`lshdist.config.default_key_bits`)
     epsilon: float | None = IndexConfig.epsilon
     n_permutations: int | None = IndexConfig.permutations
     window: int | None = IndexConfig.window
@@ -138,7 +138,7 @@ def evaluate(X_train: RowsLike, y_train: ArrayLike, X_test: RowsLike, y_test: Ar
                     "speedup": 1.0 if mode == "scan" else float(t_scan / t_hash),
                     "seconds": float(secs),
                     "build_seconds": float(t_build),
-                    "bits": settings.bits,
+                    "bits": ix.bits,
                     "permutations": int(getattr(ix, "op_permutations_", None)
                                         or ix.index_.n_permutations_),
                     "window": int(ix.index_.window),

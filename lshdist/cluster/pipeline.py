@@ -178,6 +178,8 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             _check_new_ids(out, manifest, ds)
     else:
         check_output(out, overwrite, kind=FORMAT)
+        # b not given: by the metric's kind (`default_key_bits`), recorded in the manifest
+        cfg = replace(cfg, bits=cfg.key_bits(model_meta["kind"] == "explicit"))
         if cfg.calibration_queries is not None:
             check_data_for_model(Dataset(cfg.calibration_queries), model_meta,
                                  "calibration queries")
@@ -272,8 +274,10 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     writes: a following query searches them while the writes run, `run.calibrated`)."""
     cfg, stall, hold = plan.cfg, run.stall, run.hold
     (index_dir / "segments").mkdir(parents=True, exist_ok=True)
-    family_f = broadcast_family(client, str(plan.model), bits=cfg.bits, seed=cfg.seed,
-                                learned=not cfg.baseline, checksum=plan.model_meta["checksum"])
+    family_f = broadcast_family(client, str(plan.model),
+                                bits=cfg.key_bits(plan.model_meta["kind"] == "explicit"),
+                                seed=cfg.seed, learned=not cfg.baseline,
+                                checksum=plan.model_meta["checksum"])
     path = str(plan.data.path)
     lists = plan.lists
     # spread over the workers as a query loads them (`spread`): segments kept in memory for a

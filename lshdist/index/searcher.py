@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lshdist.blocks import Block, RowsLike, as_block, n_rows, take_rows
-from lshdist.config import KNN_MODES, SEARCH_MODES, check_mode
+from lshdist.config import KNN_MODES, SEARCH_MODES, check_mode, default_key_bits
 from lshdist.errors import InputError, NotFittedError
 from lshdist.hashing.families import LearnedImplicit, family_for
 from lshdist.index.calibrate import (
@@ -223,14 +223,17 @@ class MetricIndex:
     point, or by the exact scan where it is no slower.
     """
 
-    def __init__(self, metric: Metric, *, bits: int = 512, n_permutations: int | None = None,
+    def __init__(self, metric: Metric, *, bits: int | None = None,
+                 n_permutations: int | None = None,
                  epsilon: float | None = None, window: int | None = None,
                  hamming_keep: int | None = None, learned: bool = True, seed: int = 0,
                  target_recall: float | None = None, calibration_k: int = 10,
                  calibration_queries: RowsLike | None = None, recalibrate: bool = True,
                  check_recall: bool = True) -> None:
         self.metric = metric
-        self.bits = bits
+        # None: by the metric's kind (`lshdist.config.default_key_bits`)
+        self.bits = (default_key_bits(isinstance(metric, ExplicitMetric)) if bits is None
+                     else bits)
         self.n_permutations = n_permutations
         self.epsilon = epsilon
         self.window = window

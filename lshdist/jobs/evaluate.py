@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     train, test = open_data(args.train, ml.embedding), open_data(args.test, ml.embedding)
     X_train, X_test = train.read_all(), test.read_all()
     l2 = baseline_metric(ml, X_train)
-    settings = HashSettings(bits=index_cfg.bits, epsilon=index_cfg.epsilon,
+    bits = index_cfg.key_bits(ml.kind == "explicit")
+    settings = HashSettings(bits=bits, epsilon=index_cfg.epsilon,
                             n_permutations=index_cfg.permutations, window=index_cfg.window,
                             hamming_keep=index_cfg.hamming_keep, seed=index_cfg.seed,
                             n_threads=args.threads, target_recall=index_cfg.target_recall,
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_plots:
             data = measure_tradeoff(  # the trade-off curves and the b sweep, measured
                 X_train, y_train, X_test, y_test, metrics=(("L2", l2, False), ("ML", ml, True)),
-                bits=settings.bits, bits_values=args.sweep_bits, k=min(args.k),
+                bits=bits, bits_values=args.sweep_bits, k=min(args.k),
                 target=index_cfg.target_recall, recall_k=args.recall_k or 10,
                 seed=settings.seed, n_classes=n_classes, n_threads=args.threads)
             (tmp / "tradeoff.json").write_text(json.dumps(data, indent=2))

@@ -290,7 +290,8 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     ytr, yte = train.labels(), test.labels()
     assert ytr is not None and yte is not None  # `run` refuses unlabelled data before this
     data = measure_tradeoff(Xtr, ytr, Xte, yte, metrics=(("L2", l2, False), ("ML", ml, True)),
-                            bits=cfg.index.bits, bits_values=[16, 32, 64, 128, 256],
+                            bits=cfg.index.key_bits(ml.kind == "explicit"),
+                            bits_values=[16, 32, 64, 128, 256],
                             target=cfg.index.target_recall, k=min(cfg.evaluate.ks),
                             recall_k=cfg.evaluate.recall_k, seed=cfg.index.seed,
                             n_classes=len(train.classes or []))

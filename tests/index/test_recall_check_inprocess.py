@@ -23,9 +23,10 @@ def _nearcopies():
 
 def test_near_copies_fool_leave_one_out_and_the_check_corrects_it():
     """At 5,000 rows of 16-d the scan is the honest answer (calibration picks it); the hashed
-    point it timed is planted as the operating point, as an optimistic calibration would."""
+    point it timed is planted as the operating point, as an optimistic calibration would.
+    At 512 bits, where that point's miss on these queries (below 0.87) was measured."""
     db, q, metric = _nearcopies()
-    ix = MetricIndex(metric, target_recall=0.9, seed=1).fit(db)
+    ix = MetricIndex(metric, bits=512, target_recall=0.9, seed=1).fit(db)
     _, exact = ix.query(q, 10, mode="scan")
     point = ix.calibration_.reference
     assert point is not None and point.recall >= 0.9  # leave-one-out: the copies are easy
@@ -47,7 +48,7 @@ def test_near_copies_fool_leave_one_out_and_the_check_corrects_it():
     if m.action == "recalibrated":
         assert m.low - 0.03 <= got <= m.high + 0.03
 
-    off = MetricIndex(metric, target_recall=0.9, seed=1, check_recall=False).fit(db)
+    off = MetricIndex(metric, bits=512, target_recall=0.9, seed=1, check_recall=False).fit(db)
     off.calibration_
     off.set_operating_point("hash", point)
     _, ids = off.query(q, 10)
