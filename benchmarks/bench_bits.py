@@ -103,7 +103,7 @@ def main():
             m = json.loads((index / "index.json").read_text())
             rec = info.get("measured_recall") or {}
             return {"bits": bits, "total s": total, "index s": secs["index"],
-                    "query s": secs["query"], "mode": m.get("mode"),
+                    "query s": secs["query"], "mode": (m.get("calibration") or {}).get("mode"),
                     "point (M, W, H)": f"{m['permutations']}, {m['window']}, "
                                        f"{m['hamming_keep']}",
                     "measured recall": rec.get("value"), "load": common.loadavg()}

@@ -149,8 +149,7 @@ class MetricIndex:
     calibration_k : int
         The k of the calibrated recall.
     bits : int, optional
-        Bits per hash key; default 256 under an explicit metric (or none), 512 under a
-        kernelized one (`lshdist.config.default_key_bits`).
+        Bits per hash key; default 512 (`lshdist.config.default_key_bits`).
     permutations : int, optional
         M, permutation-sorted lists (fixed; default calibrated).
     epsilon : float, optional

@@ -343,8 +343,8 @@ class LearnConfig(Section):
 #: r, bits per group code of a subspace index when --bits is not given (the permutation
 #: index's default b is far more than a k-dimensional group needs)
 SUBSPACE_BITS = 32
-#: b of a permutation index when --bits is not given (`default_key_bits`): under an explicit
-#: metric, and under a kernelized one or for hyperplane queries
+#: b of a permutation index when --bits is not given (`default_key_bits`): a build followed by
+#: its queries under an explicit metric where hashing is most of the job, and any other
 DENSE_KEY_BITS = 256
 KERNEL_KEY_BITS = 512
 #: options of one method only (given with the other method: an error)
@@ -367,8 +367,9 @@ class IndexConfig(Section):
                                metavar="R")
     k: int = opt(10, POSITIVE, "the k of the calibrated recall@k")
     bits: int | None = opt(None, _optional(_int(1, MAX_BITS)),
-                           "b, bits per hash key (default: 256 under an explicit metric, 512 "
-                           "under a kernelized one or for hyperplane queries)", metavar="b")
+                           "b, bits per hash key (default 512; 256 for a build followed by its "
+                           "queries under an explicit metric where rows + queries >= 2 x "
+                           "queries x segments)", metavar="b")
     epsilon: float | None = opt(None, _optional(_float()),
                                 "M = ceil(2 n^(1/(1+e))) permutations for n rows per segment "
                                 "(fixes M; default: calibrated)", metavar="e")
@@ -438,9 +439,11 @@ class IndexConfig(Section):
                              f"{self.method}; drop {'them' if len(clash) > 1 else 'it'} or give "
                              f"--method {other}")
 
-    def key_bits(self, explicit: bool) -> int:
+    def key_bits(self, explicit: bool, *, rows: int = 0, queries: int | None = None,
+                 segments: int = 1) -> int:
         """b of a permutation index: ``bits`` when given, else `default_key_bits`."""
-        return self.bits if self.bits is not None else default_key_bits(explicit)
+        return (self.bits if self.bits is not None
+                else default_key_bits(explicit, rows=rows, queries=queries, segments=segments))
 
     @property
     def code_bits(self) -> int:
@@ -448,19 +451,27 @@ class IndexConfig(Section):
         return self.bits if self.bits is not None else SUBSPACE_BITS
 
 
-def default_key_bits(explicit: bool) -> int:
-    """b when none is given: `DENSE_KEY_BITS` (256) under an explicit metric,
-    `KERNEL_KEY_BITS` (512) under a kernelized one.
+def default_key_bits(explicit: bool, *, rows: int = 0, queries: int | None = None,
+                     segments: int = 1) -> int:
+    """b when none is given: `DENSE_KEY_BITS` (256) for a build of ``rows`` rows in
+    ``segments`` segments followed by a known number of ``queries`` under an explicit metric,
+    where ``rows + queries >= 2 queries segments``; else `KERNEL_KEY_BITS` (512).
 
-    Under an explicit metric a row's bits are one float32 product, 2 d b flops a row of the
-    database and of the queries, and a candidate's re-rank costs d: there 256 bits made
-    whole jobs (index and query) 1.13-1.14x faster than 512 on Fashion-MNIST and on 240,000
-    shifted images, and as fast on 1,020,000 rows, the calibration widening the Hamming cut
-    to keep the target (`benchmarks/bench_bits.py`).  A kernelized metric's re-rank costs
-    kernel evaluations per candidate, and a sharper cut saves more of them: on pyramid-match
-    kernels over Fashion-MNIST's local features (6,000 rows) 256 bits re-ranked 10.7 % of
-    the rows or more, 512 about 5 %."""
-    return DENSE_KEY_BITS if explicit else KERNEL_KEY_BITS
+    Under an explicit metric a row's bits are one float32 product, 2 d b flops for each of
+    the rows + queries, and 256 bits halve them; the price is paid per query and segment
+    searched: a blunter Hamming cut, which the calibration widens to keep the target (about
+    twice the rows re-ranked in each segment).  Whole jobs, 256 against 512 bits, paired on a
+    warm 2-worker cluster (`benchmarks/bench_bits.py`): Fashion-MNIST, (rows + queries) /
+    (queries segments) = 3.5, 1.08-1.14x faster; 240,000 shifted images, 8.3, 1.06-1.13x;
+    1,020,000 rows and 100,000 queries in 11 segments, 1.0, 0.93-1.01x (the query stage 20 %
+    slower).  The threshold 2 lies between them.  An index built without its queries
+    (``queries`` None) keeps 512: it is queried again and again.  A kernelized metric's
+    re-rank costs kernel evaluations per candidate, and a sharper cut saves more of them: on
+    pyramid-match kernels over Fashion-MNIST's local features (6,000 rows) 256 bits
+    re-ranked 10.7 % of the rows or more, 512 about 5 %."""
+    if explicit and queries and rows + queries >= 2 * queries * max(1, segments):
+        return DENSE_KEY_BITS
+    return KERNEL_KEY_BITS
 
 
 @dataclass(frozen=True)

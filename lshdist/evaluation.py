@@ -57,7 +57,7 @@ class HashSettings:
     and H given are fixed; left None they are calibrated for ``target_recall``, or without a
     target taken as `MetricIndex` takes them (M from epsilon, W = 1, H = 0: all)."""
 
-    bits: int | None = None  # by the metric's kind (`lshdist.config.default_key_bits`)
+    bits: int | None = None  # None: `lshdist.config.default_key_bits`
     epsilon: float | None = IndexConfig.epsilon
     n_permutations: int | None = IndexConfig.permutations
     window: int | None = IndexConfig.window

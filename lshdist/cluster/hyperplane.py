@@ -143,7 +143,7 @@ def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
         raise InputError("--eh-samples applies to --family eh-hash only")
     if cfg.permutations is None and cfg.epsilon is None:
         cfg = dataclasses.replace(cfg, permutations=DEFAULT_PERMUTATIONS)
-    # hyperplane families keep 512 bits by default, whatever the metric
+    # hyperplane families keep 512 bits by default (`default_key_bits`), whatever the metric
     cfg = dataclasses.replace(cfg, bits=cfg.key_bits(False))
     plan = plan_build(data=data, model=model, out=out, cfg=cfg, overwrite=overwrite)
     hyperplane_family(name, d=plan.data.d, bits=cfg.key_bits(False), seed=cfg.seed,

@@ -113,6 +113,9 @@ class BuildPlan:
     batch: str | None = None  # the append's label, recorded in the manifest's batches
     skipped: bool = False  # the batch had landed already: nothing was (or will be) built
     check: CheckSample | None = None  # (a fresh build with a following query) its recall check
+    #: b was given (a fresh build without it: `build_and_query` may choose it again, knowing
+    #: the queries, `lshdist.config.default_key_bits`)
+    bits_given: bool = True
 
     @property
     def inputs(self) -> tuple[Any, ...]:
@@ -164,6 +167,7 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     model_meta = read_model_meta(model)
     check_data_for_model(ds, model_meta, "dataset")
     check_not_input(out, (data, model))
+    bits_given = True
     if append:
         manifest = read_permutation_manifest(out, "--append")
         if isinstance(manifest, HyperplaneManifest):
@@ -178,7 +182,9 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
             _check_new_ids(out, manifest, ds)
     else:
         check_output(out, overwrite, kind=FORMAT)
-        # b not given: by the metric's kind (`default_key_bits`), recorded in the manifest
+        # b not given: `default_key_bits` of a build whose queries are not known yet (a
+        # following query may change it: `build_and_query`), recorded in the manifest
+        bits_given = cfg.bits is not None
         cfg = replace(cfg, bits=cfg.key_bits(model_meta["kind"] == "explicit"))
         if cfg.calibration_queries is not None:
             check_data_for_model(Dataset(cfg.calibration_queries), model_meta,
@@ -190,7 +196,8 @@ def plan_build(*, data: str, model: str, out: str, cfg: IndexConfig | None = Non
     bounds = ds.shard_bounds
     rows = max((int(bounds[b] - bounds[a]) for a, b in segments), default=0)
     plan = BuildPlan(ds, as_path(model), as_path(out), cfg, append, overwrite, model_meta, manifest,
-                     segments, batch=batch, skipped=append and skipped)
+                     segments, batch=batch, skipped=append and skipped,
+                     bits_given=bits_given)
     if append:
         plan.lists = manifest.permutations
     elif rows:
@@ -659,6 +666,11 @@ def build_and_query(client: Any, build: BuildPlan, query: FollowingQuery, *,
         m = require_permutation(manifest, build.out, "this build")
         return _planned(m, build.out, query.queries, query.out, query.cfg, query.overwrite)
 
+    if not build.bits_given:  # b for this build and the queries that follow it
+        bits = IndexConfig().key_bits(build.model_meta["kind"] == "explicit", rows=build.data.n,
+                                      queries=query.queries.n, segments=len(build.segments))
+        build = replace(build, cfg=replace(build.cfg, bits=bits),
+                        manifest=replace(build.manifest, bits=bits))
     if query.cfg.check_recall and query.cfg.mode != "scan" and not build.append:
         build = replace(build, check=CheckSample(str(query.queries.path), check_rows(
             query.queries.n, build.manifest.seed), query.cfg.k))

@@ -231,7 +231,7 @@ class MetricIndex:
                  calibration_queries: RowsLike | None = None, recalibrate: bool = True,
                  check_recall: bool = True) -> None:
         self.metric = metric
-        # None: by the metric's kind (`lshdist.config.default_key_bits`)
+        # None: an index built without its queries (`lshdist.config.default_key_bits`)
         self.bits = (default_key_bits(isinstance(metric, ExplicitMetric)) if bits is None
                      else bits)
         self.n_permutations = n_permutations

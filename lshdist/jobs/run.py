@@ -289,8 +289,9 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     l2 = baseline_metric(ml, Xtr)
     ytr, yte = train.labels(), test.labels()
     assert ytr is not None and yte is not None  # `run` refuses unlabelled data before this
+    built = read_permutation_manifest(work / "index", "a run's plots")
     data = measure_tradeoff(Xtr, ytr, Xte, yte, metrics=(("L2", l2, False), ("ML", ml, True)),
-                            bits=cfg.index.key_bits(ml.kind == "explicit"),
+                            bits=built.bits,  # the b the run's index chose
                             bits_values=[16, 32, 64, 128, 256],
                             target=cfg.index.target_recall, k=min(cfg.evaluate.ks),
                             recall_k=cfg.evaluate.recall_k, seed=cfg.index.seed,
@@ -298,7 +299,6 @@ def _plots(train: Dataset, test: Dataset, model: Path, cfg: RunConfig, work: Pat
     data["name"] = cfg.name
     atomic_write_text(work / "tradeoff.json", json.dumps(data, indent=2))
     write_plots(data, work)
-    m = read_permutation_manifest(work / "index", "a run's plots")
-    if m.calibration is not None:
-        save(plot_calibration(m.calibration, name=f"{cfg.name} index", rows=m.rows),
+    if built.calibration is not None:
+        save(plot_calibration(built.calibration, name=f"{cfg.name} index", rows=built.rows),
              work / "calibration.png")
