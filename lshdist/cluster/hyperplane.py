@@ -144,9 +144,10 @@ def plan_hyperplane_build(*, data: str, model: str, out: str, cfg: IndexConfig,
     if cfg.permutations is None and cfg.epsilon is None:
         cfg = dataclasses.replace(cfg, permutations=DEFAULT_PERMUTATIONS)
     # hyperplane families keep 512 bits by default (`default_key_bits`), whatever the metric
-    cfg = dataclasses.replace(cfg, bits=cfg.key_bits(False))
+    bits = cfg.key_bits(False)
+    cfg = dataclasses.replace(cfg, bits=bits)
     plan = plan_build(data=data, model=model, out=out, cfg=cfg, overwrite=overwrite)
-    hyperplane_family(name, d=plan.data.d, bits=cfg.key_bits(False), seed=cfg.seed,
+    hyperplane_family(name, d=plan.data.d, bits=bits, seed=cfg.seed,
                       samples=cfg.eh_samples)  # refuses odd bits for H-Hash, here
     plan.lists = cfg.permutations
     plan.manifest = dataclasses.replace(

@@ -25,7 +25,14 @@ import numpy as np
 
 from lshdist.cluster import driver, tasks
 from lshdist.cluster.checks import check_data_for_model, check_query_inputs
-from lshdist.config import KNN_MODES, ClusterConfig, IndexConfig, QueryConfig, check_mode
+from lshdist.config import (
+    KNN_MODES,
+    ClusterConfig,
+    IndexConfig,
+    QueryConfig,
+    check_mode,
+    default_key_bits,
+)
 from lshdist.errors import InputError
 from lshdist.index.calibrate import Calibration, MergedGrid
 from lshdist.index.params import resolve_permutations
@@ -667,8 +674,8 @@ def build_and_query(client: Any, build: BuildPlan, query: FollowingQuery, *,
         return _planned(m, build.out, query.queries, query.out, query.cfg, query.overwrite)
 
     if not build.bits_given:  # b for this build and the queries that follow it
-        bits = IndexConfig().key_bits(build.model_meta["kind"] == "explicit", rows=build.data.n,
-                                      queries=query.queries.n, segments=len(build.segments))
+        bits = default_key_bits(build.model_meta["kind"] == "explicit", rows=build.data.n,
+                                queries=query.queries.n, segments=len(build.segments))
         build = replace(build, cfg=replace(build.cfg, bits=bits),
                         manifest=replace(build.manifest, bits=bits))
     if query.cfg.check_recall and query.cfg.mode != "scan" and not build.append:
