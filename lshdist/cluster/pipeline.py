@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -302,18 +302,20 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     # a fresh build of several segments calibrates on a sample read first: it runs while the
     # fits do (ahead of them on one worker, which the uneven fits leave waiting anyway), so
     # the segments' scans of it start as soon as each fit ends
+    # (a check only for a query that searches these segments as fitted: ``hold``)
+    truths = _CheckTruths(client, None if hold is None or plan.append else plan.check,
+                          where, family_f)
     sample_f = None
     if not plan.append and len(plan.segments) > 1:
         sample_f = _sample(client, path, plan.segments[0], cfg.calibration_queries, cfg.seed,
                            family_f, priority=1)
+        truths.read(priority=1)  # (its truth is found by the calibration's scans)
     fits = [driver.submit_at(client, w, tasks.fit_segment, path, shards, family_f, lists,
                              None if lists else cfg.epsilon, cfg.seed)
             for shards, w in zip(plan.segments, where)]
+    truths.fits = fits
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
-    # (a check only for a query that searches these segments as fitted: ``hold``)
-    truths = _CheckTruths(client, None if hold is None or plan.append else plan.check, fits,
-                          where, family_f)
     shared: dict[str, Any] = {}
     writes: list[Any] = []
     kept: list[Any] = []
@@ -342,7 +344,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                                   stall, data=path, shards=plan.segments[0],
                                   queries=cfg.calibration_queries, seed=cfg.seed, held=held,
                                   n_parts=len(fits), n_rows=plan.data.n, sample_f=sample_f,
-                                  early=truths.start if truths.wanted else None)
+                                  truths=truths)
             # the timing task decides hash or scan; the grid alone fixes the lists kept
             cal_f = client.submit(tasks.calibrate_segment, fits[0], path, plan.segments[0],
                                   family_f, cfg.k, cfg.target_recall, fixed, cfg.seed,
@@ -412,50 +414,56 @@ def _write_segments(client: Any, fits: Sequence[Any], index_dir: Path | ObjectPa
 
 class _CheckTruths:
     """For the query that follows a fresh build (``check``): its recall check's sample,
-    read once, and that sample's exact top-k in each fitted segment (`tasks.check_truth`, on
-    the segment the fit still holds), merged over the segments.
+    read once, and that sample's exact top-k in each fitted segment, merged over the segments.
 
-    A segment's task is submitted when its worker would otherwise wait (`start`: its
-    calibration scan is done and another segment's is not, so the calibration's grid cannot
-    start yet), else after the calibration's tasks (`futures`), behind them on the worker
-    (lower priority): the check adds no time to the calibration, which the writes and the
-    query wait for."""
+    A build that calibrates on a merged grid finds them in its scans of the calibration
+    sample (`fold`: `tasks.segment_neighbours` given the check's sample, read ahead of the
+    fits with the calibration's, `read`); else one `tasks.check_truth` task per segment, on
+    the segment the fit still holds, submitted after the calibration's tasks (`futures`),
+    behind them on the worker (lower priority): the check adds no time to the calibration,
+    which the writes and the query wait for."""
 
-    def __init__(self, client: Any, check: CheckSample | None, fits: Sequence[Any],
-                 where: Sequence[str | None], family_f: Any) -> None:
-        self.client, self.check, self.fits, self.where = client, check, fits, where
+    def __init__(self, client: Any, check: CheckSample | None, where: Sequence[str | None],
+                 family_f: Any) -> None:
+        self.client, self.check, self.where = client, check, where
         self.family_f = family_f
+        self.fits: Sequence[Any] = []
         self.sample: Any = None
-        self.parts: list[Any] = [None] * len(fits)
+        self.parts: list[Any] = [None] * len(where)
 
     @property
     def wanted(self) -> bool:
         return self.check is not None
 
-    def start(self, j: int) -> None:
-        """Submit segment ``j``'s task (once)."""
+    def read(self, priority: int = -1) -> Any:
+        """The check's sample (a future, submitted once; None without a check)."""
         check = self.check
-        if check is None or self.parts[j] is not None:
-            return
-        if self.sample is None:
+        if check is not None and self.sample is None:
             self.sample = self.client.submit(tasks.read_query_rows, check.queries, check.rows,
-                                             self.family_f, pure=False, retries=2, priority=-1)
-        self.parts[j] = driver.submit_at(self.client, self.where[j], tasks.check_truth,
-                                         self.fits[j], self.sample, self.family_f, check.k,
-                                         priority=-1)
+                                             self.family_f, pure=False, retries=2,
+                                             priority=priority)
+        return self.sample
+
+    def fold(self, neighbours: Sequence[Any]) -> None:
+        """Every segment's truth found by its `tasks.segment_neighbours` task ``neighbours``
+        (submitted with `read`'s sample and the check's k)."""
+        self.parts = list(neighbours)
 
     def pending(self) -> list[Any]:
         """The futures submitted so far (what a failed build cancels)."""
         return [f for f in (self.sample, *self.parts) if f is not None]
 
     def futures(self) -> dict[str, Any]:
-        """Every segment's task submitted, and the query's shared futures: ``check_sample``
+        """Every segment's truth submitted, and the query's shared futures: ``check_sample``
         and ``check_truth`` (``(rows, ids)``, `tasks.check_answer`); empty without a check."""
         check = self.check
         if check is None:
             return {}
-        for j in range(len(self.fits)):
-            self.start(j)
+        for j, fit in enumerate(self.fits):
+            if self.parts[j] is None:
+                self.parts[j] = driver.submit_at(self.client, self.where[j], tasks.check_truth,
+                                                 fit, self.read(), self.family_f, check.k,
+                                                 priority=-1)
         truth_f = self.client.submit(tasks.check_answer, check.rows, self.parts, check.k,
                                      pure=False, retries=2, priority=-1)
         return {"check_sample": self.sample, "check_truth": truth_f}
@@ -483,7 +491,7 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
                  fixed: dict[str, Any], stall: float, *, data: str | None,
                  shards: tuple[int, int] | None, queries: str | None, seed: int,
                  held: list[Any], n_parts: int, n_rows: int, sample_f: Any = None,
-                 early: Callable[[int], None] | None = None) -> Pooled | None:
+                 truths: _CheckTruths | None = None) -> Pooled | None:
     """The calibration grid of the merged answer of several segments, measured over all of
     them; None for a single searched part (its own recall@k is the answer's).
 
@@ -497,8 +505,8 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
     few of its own segment, so every segment searches less than for its own recall@k.
     Windows widen while no point reaches the target (`widen_windows`, as in `calibrate`).
     ``sample_f``: the `calibration_sample` of these arguments, submitted already.
-    ``early(j)``: called when segment ``j``'s scan is done while another's is not (its worker
-    would wait for the grid's tasks)."""
+    ``truths``: a recall check whose exact neighbours the scans find too (`_CheckTruths.fold`;
+    the segments are fitted ones)."""
     from lshdist.index.calibrate import (
         grid_axes,
         merged_relevance,
@@ -511,14 +519,18 @@ def _merged_grid(client: Any, segments: Sequence[Any], family_f: Any, k: int, ta
         return None
     if sample_f is None:
         sample_f = _sample(client, data, shards, queries, seed, family_f)
+    check: tuple[Any, ...] = ()
+    if truths is not None and truths.check is not None:
+        check = (truths.read(), truths.check.k)
     # only the first segment's scan is timed (its seconds are the calibration's, below)
-    nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0,
+    nbr = [client.submit(tasks.segment_neighbours, seg, sample_f, family_f, k, j == 0, *check,
                          pure=False, retries=2) for j, seg in enumerate(segments)]
     held += [sample_f, *nbr]  # (sample_f twice when the build submitted it: harmless)
-    for f in driver.progress(nbr, "neighbours", stall):
-        if early is not None and not all(g.done() for g in nbr):
-            early(nbr.index(f))
-    parts = [f.result() for f in nbr]
+    if check and truths is not None:
+        truths.fold(nbr)
+    for _ in driver.progress(nbr, "neighbours", stall):
+        pass
+    parts = [f.result().parts for f in nbr]
     flat = [p for seg in parts for p in seg]
     if len(flat) < 2:
         return None

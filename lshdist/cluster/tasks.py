@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from lshdist.blocks import SparseBlock, n_rows, vstack_sparse
 from lshdist.cluster.answers import Partial
 from lshdist.errors import InputError
 from lshdist.hashing.families import HashFamily
@@ -153,9 +154,25 @@ def calibration_sample(data_path: str | None, shards: tuple[int, int] | None,
     return ds.read_row_set(rows), np.asarray(ds.ids()[rows], np.int64)
 
 
+#: one part's exact neighbours of the calibration sample (`segment_neighbours`): distances,
+#: ids, the part's list count, its scan's seconds per query (the timed part only), the
+#: sample's payload width
+PartNeighbours = tuple[np.ndarray, np.ndarray, int, float | None, float]
+
+
+class Neighbours(NamedTuple):
+    """`segment_neighbours`' answer: per searched part of the segment, the calibration
+    sample's exact neighbours (`PartNeighbours`); and the recall check's sample's exact
+    top-k in the segment (`check_truth`'s answer), when the task was given that sample."""
+
+    parts: list[PartNeighbours]
+    check: Partial | None = None
+
+
 def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
-                       family: HashFamily, k: int, time_scan: bool = True
-                       ) -> list[tuple[np.ndarray, np.ndarray, int, float | None, float]]:
+                       family: HashFamily, k: int, time_scan: bool = True,
+                       check: tuple[Any, np.ndarray] | None = None, check_k: int = 0
+                       ) -> Neighbours:
     """The exact ``k + 1`` nearest rows (distances, ids; ids -1 past a small part's end) of
     the calibration sample (`calibration_sample`) within each searched part of a segment, the
     part's list count, for the part calibration times (`calibrated_part`; None for the
@@ -165,28 +182,70 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
 
     ``time_scan=False``: no part is timed (every seconds entry None; the same neighbours) —
     for the segments whose scan the calibration does not time: the timed share of the truth
-    runs unpruned, ~0.4 of 2.1 core-s per 100,000-row segment at 1,000 sample queries."""
+    runs unpruned, ~0.4 of 2.1 core-s per 100,000-row segment at 1,000 sample queries.
+
+    ``check``: a recall check's sample (`read_query_rows`, of the query that follows a
+    build), whose exact top-``check_k`` in the segment (a fitted one: one part) comes with
+    the neighbours — `check_truth`'s answer, found in the same task: on a part not timed in
+    the same scan as the calibration sample (the scan's per-call work, the rows' projection
+    for the bound, done once), on the timed part in a scan of its own (the timing stays the
+    calibration sample's).  One task where two ran: a separate check task that started
+    while another segment's scan still ran held up the calibration's grid behind it
+    (Fashion-MNIST, two fresh workers: 0.14 s)."""
     from lshdist.index.calibrate import BULK_QUERIES, exact_truth
     from lshdist.index.scan import scan_topk
 
     rows, _ = sample
-    _, qpayload = encode(_metric(family), family, rows, query=True)
-    out: list[tuple[np.ndarray, np.ndarray, int, float | None, float]] = []
-    width = float(getattr(qpayload, "width", 1))
+    metric = _metric(family)
+    n_cal = n_rows(rows)
+    both = None if check is None else _stacked(rows, check[0])
+    # (the codes are not used: the scan reads the re-rank payload only)
+    _, qpayload = encode(metric, family, rows if both is None else both, query=True,
+                         hashed=False)
+    cal_payload = qpayload if both is None else qpayload.take(slice(0, n_cal))
+    out: list[PartNeighbours] = []
+    width = float(getattr(cal_payload, "width", 1))
     timed = calibrated_part(segment) if time_scan else -1
-    for i, part in enumerate(parts_of(segment)):
+    parts = parts_of(segment)
+    if check is not None and len(parts) != 1:
+        raise InputError("a recall check's truth is found on a fitted segment (one part), "
+                         f"not on one of {len(parts)} parts")
+    found: Partial | None = None
+    for i, part in enumerate(parts):
         m = min(k + 1, len(part))
         spq = None
         if i == timed:  # the truth, and the scan timed as a "scan" search runs it
-            D, I, spq = exact_truth(part.payload_, qpayload, m, ids=part.ids_,
+            D, I, spq = exact_truth(part.payload_, cal_payload, m, ids=part.ids_,
                                     batch=BULK_QUERIES)
+            if check is not None:
+                found = check_truth(part, check, family, check_k)
+        elif check is not None and both is not None:
+            # (a top-m answer's first columns are its top k: ascending, ties by id)
+            D, I = scan_topk(part.payload_, qpayload, max(m, check_k), ids=part.ids_,
+                             prune=True)
+            found = (D[n_cal:, :check_k], I[n_cal:, :check_k],
+                     np.full(len(D) - n_cal, len(part), np.int64))
+            D, I = D[:n_cal, :m], I[:n_cal, :m]
         else:
-            D, I = scan_topk(part.payload_, qpayload, m, ids=part.ids_, prune=True)
+            D, I = scan_topk(part.payload_, cal_payload, m, ids=part.ids_, prune=True)
         pad = k + 1 - m
         out.append((np.pad(D, ((0, 0), (0, pad)), constant_values=np.inf),
                     np.pad(I, ((0, 0), (0, pad)), constant_values=-1),
                     int(part.n_permutations_), spq, width))
-    return out
+    if check is not None and found is None:  # (a check sample of another kind of rows)
+        found = check_truth(parts[0], check, family, check_k)
+    return Neighbours(out, found)
+
+
+def _stacked(a: Any, b: Any) -> Any:
+    """Rows ``a`` then rows ``b``, where both are dense of one dtype and width or both
+    sparse (one encode, one scan for both); None otherwise."""
+    if isinstance(a, SparseBlock) and isinstance(b, SparseBlock):
+        return vstack_sparse([a, b])
+    if (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim == b.ndim == 2
+            and a.dtype == b.dtype and a.shape[1] == b.shape[1]):
+        return np.concatenate([a, b])
+    return None
 
 
 def segment_grid(segment: PermutationIndex | PackedSegment, sample: tuple[Any, Any],
@@ -291,14 +350,24 @@ def check_truth(segment: PermutationIndex, sample: tuple[Any, np.ndarray],
     return dist, ids, np.full(len(ids), len(segment), np.int64)
 
 
-def check_answer(rows: np.ndarray, parts: Sequence[Partial], k: int
+def check_answer(rows: np.ndarray, parts: Sequence[Partial | Neighbours], k: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, ids)``: the recall check's sample rows and their exact top-``k`` ids over every
-    segment (`check_truth`'s answers merged by distance and id, as a query merges them)."""
+    segment (`check_truth`'s answers, or those `segment_neighbours` found with the
+    calibration's, merged by distance and id, as a query merges them)."""
     from lshdist.index.permutation import merge_topk
 
-    return np.asarray(rows, np.int64), merge_topk([p[0] for p in parts],
-                                                  [p[1] for p in parts], k)[1]
+    found: list[Partial] = []
+    for p in parts:
+        if isinstance(p, Neighbours):
+            if p.check is None:
+                raise InputError("internal error: a segment's neighbours came without the "
+                                 "recall check's")
+            found.append(p.check)
+        else:
+            found.append(p)
+    return np.asarray(rows, np.int64), merge_topk([p[0] for p in found],
+                                                  [p[1] for p in found], k)[1]
 
 
 def search_segment(segment: PermutationIndex | PackedSegment, encoded: Encoded, k: int, mode: str,

@@ -284,10 +284,12 @@ def test_a_query_planned_with_its_build_runs_while_the_segments_are_written(
 def test_the_recall_check_after_a_build_takes_the_builds_exact_neighbours(letter_job,
                                                                           tmp_path):
     """The build finds the following query's check sample's exact neighbours on the fitted
-    segments (`tasks.check_truth`, one task a segment); the query reads them instead of
-    scanning the segments it holds again.  The recall it measures is the one a query of the
-    stored index measures by its own scan, and `check_truth` answers as the scan search of
-    the segment as kept (on its uint8 grid) does, distances and ties included."""
+    segments, in the calibration's scans (`tasks.segment_neighbours`, one task a segment, no
+    task of its own); the query reads them instead of scanning the segments it holds again.
+    The recall it measures is the one a query of the stored index measures by its own scan,
+    and the truth found (by `segment_neighbours`, timed or not, and by `check_truth`, a
+    single segment's) is the scan search's of the segment as kept (on its uint8 grid),
+    distances and ties included, beside the calibration's own neighbours unchanged."""
     from distributed import get_task_stream
 
     from lshdist.cluster import tasks
@@ -304,7 +306,8 @@ def test_the_recall_check_after_a_build_takes_the_builds_exact_neighbours(letter
                                               out=str(tmp_path / "res-stored"),
                                               cfg=Q(query_chunk=1500)))
     kinds = [n.split("-")[0] for n in names]
-    assert kinds.count("check_truth") == len(plan.segments) == 4
+    assert kinds.count("segment_neighbours") == len(plan.segments) == 4
+    assert kinds.count("check_truth") == 0
     assert kinds.count("check_answer") == 1
     # only the hashed answer of the sample is encoded, once
     assert kinds.count("encode_query_rows") == 1
@@ -328,6 +331,20 @@ def test_the_recall_check_after_a_build_takes_the_builds_exact_neighbours(letter
         got = tasks.check_truth(fit, sample, family, 7)
         for a, b in zip(got, want):
             assert np.array_equal(a, b)
+        cal = tasks.calibration_sample(None, None, str(letter_job / "queries"), INDEX.seed,
+                                       family)
+        for timed in (True, False):
+            alone = tasks.segment_neighbours(fit, cal, family, 10, timed)
+            both = tasks.segment_neighbours(fit, cal, family, 10, timed, sample, 7)
+            assert alone.check is None and both.check is not None
+            for a, b in zip(both.check, want):
+                assert np.array_equal(a, b)
+            for a, b in zip(both.parts[0][:3], alone.parts[0][:3]):
+                assert np.array_equal(a, b)
+            assert (both.parts[0][3] is None) == (not timed)
+        for found in (both, got):  # (either kind of answer, merged over one segment)
+            rows, ids = tasks.check_answer(np.arange(len(want[0])), [found], 7)
+            assert np.array_equal(ids, want[1]) and np.array_equal(rows, np.arange(len(ids)))
 
 
 def test_a_build_that_fails_after_its_calibration_fails_its_query(letter_job, tmp_path,

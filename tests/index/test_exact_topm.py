@@ -181,9 +181,53 @@ def test_a_segment_not_timed_gives_the_same_neighbours(fashion):
     sample = (np.asarray(Xte[:200], np.float32), None)
     timed = segment_neighbours(seg, sample, family, 10)
     untimed = segment_neighbours(seg, sample, family, 10, time_scan=False)
-    assert timed[0][3] > 0 and untimed[0][3] is None
-    for a, b in zip(timed[0][:3], untimed[0][:3]):
+    assert timed.parts[0][3] > 0 and untimed.parts[0][3] is None
+    for a, b in zip(timed.parts[0][:3], untimed.parts[0][:3]):
         np.testing.assert_array_equal(a, b)
     ref = integer_reference(X, sample[0], seg.ids_, 11)
-    np.testing.assert_array_equal(untimed[0][1], ref[1])
-    np.testing.assert_array_equal(untimed[0][0], ref[0])
+    np.testing.assert_array_equal(untimed.parts[0][1], ref[1])
+    np.testing.assert_array_equal(untimed.parts[0][0], ref[0])
+
+
+@pytest.mark.parametrize("rows", [2_000, 6])
+def test_a_recall_checks_truth_found_with_the_calibrations(fashion, rows):
+    # `segment_neighbours(check=...)`: a recall check's sample scanned with the calibration
+    # sample (the part not timed) or apart (the timed one) -- its exact top k as
+    # `check_truth` finds it, the calibration's neighbours unchanged; on a part of fewer rows
+    # than k too (ids -1, distances inf past its end)
+    from lshdist.cluster.tasks import check_truth, segment_neighbours
+    from lshdist.index.permutation import PermutationIndex
+    from lshdist.index.searcher import MetricIndex, encode
+
+    Xtr, _, Xte, _ = fashion
+    rng = np.random.default_rng(7)
+    X = np.asarray(Xtr[rng.choice(len(Xtr), rows, replace=False)], np.float32)
+    metric = ExplicitMetric.identity(784, center=X.mean(0))
+    family = MetricIndex(metric, bits=64).fit(X[:5]).family_
+    codes, payload = encode(metric, family, X)
+    seg = PermutationIndex(n_permutations=4, seed=1).fit(codes, family.bits, payload,
+                                                         shuffled_ids(rng, len(X)))
+    sample = (np.asarray(Xte[:200], np.float32), None)
+    check = (np.asarray(Xte[500:650], np.float32), np.arange(500, 650))
+    if rows > 10:
+        ref = integer_reference(X, check[0], seg.ids_, 10)
+    else:  # (every row, by its float64 distance: too far apart for an exact float32 sum)
+        D64 = ((check[0][:, None, :].astype(np.float64) - X[None]) ** 2).sum(-1)
+        order = np.argsort(D64, axis=1, kind="stable")
+        ref = (np.take_along_axis(D64, order, 1), seg.ids_[order])
+    for timed in (True, False):
+        alone = segment_neighbours(seg, sample, family, 10, timed)
+        both = segment_neighbours(seg, sample, family, 10, timed, check, 10)
+        for a, b in zip(both.parts[0][:3], alone.parts[0][:3]):
+            np.testing.assert_array_equal(a, b)
+        assert both.check is not None
+        for a, b in zip(both.check, check_truth(seg, check, family, 10)):
+            np.testing.assert_array_equal(a, b)
+        assert both.check[0].shape == (150, 10) and np.all(both.check[2] == rows)
+        np.testing.assert_array_equal(both.check[1][:, :rows], ref[1])
+        if rows > 10:
+            np.testing.assert_array_equal(both.check[0][:, :rows], ref[0])
+        else:
+            np.testing.assert_allclose(both.check[0][:, :rows], ref[0], rtol=1e-6)
+            assert np.all(np.isinf(both.check[0][:, rows:]))
+        assert np.all(both.check[1][:, rows:] == -1)
