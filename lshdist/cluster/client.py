@@ -52,6 +52,16 @@ WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_MAX_": "0"
                  "MALLOC_TOP_PAD_": str(64 << 20), "MALLOC_ARENA_MAX": "1"}
 #: Dask's own default trim threshold (distributed.yaml), which `WORKER_MALLOC` replaces
 DASK_DEFAULT_TRIM = "65536"
+#: numpy in worker processes does not advise transparent huge pages for its arrays of 4 MiB
+#: and more (its default on Linux).  Under this kernel's ``defrag=madvise`` a fresh worker
+#: faulted each such block in with compaction: a fresh cluster's first job paid it, and every
+#: ``lshdist run`` is one.  Fresh clusters, paired and alternated, huge pages on / off:
+#: Fashion-MNIST ``lshdist run`` 1.03 [0.95-1.33] by pair (8 pairs; medians 1.60 / 1.48 s),
+#: 240,000 shifted rows 1.02 [0.95-1.27] (6 pairs), the 1,020,000-row job 1.04 and 0.97 (2
+#: pairs) -- where, on older code, the 1 M job had lost 7 % with them off.  Read by numpy at
+#: import, so it goes in the spawn environment; a value the user set (in the driver's
+#: environment or Dask's pre-spawn config) is kept.
+WORKER_PAGES = {"NUMPY_MADVISE_HUGEPAGE": "0"}
 
 
 #: Dask's periodic housekeeping in LocalCluster processes, made rarer: the statistical profiler
@@ -117,13 +127,15 @@ def housekeeping_config() -> dict[str, object]:
 def worker_pre_spawn_env() -> dict[str, str]:
     """The Nanny's pre-spawn environment for LocalCluster workers: Dask's configured one with
     `WORKER_MALLOC` over it — unless the configured MALLOC_TRIM_THRESHOLD_ is not Dask's
-    default (a user's choice: then nothing is changed); malloc settings the user gave beside
-    Dask's default trim threshold are kept."""
+    default (a user's choice: then no malloc setting is changed); malloc settings the user
+    gave beside Dask's default trim threshold are kept.  `WORKER_PAGES` where neither that
+    config nor this process's environment sets its variable."""
     import dask
     import distributed  # noqa: F401  (registers distributed's config defaults)
 
     pre = {k: str(v) for k, v in
            (dask.config.get("distributed.nanny.pre-spawn-environ", default=None) or {}).items()}
+    pre.update({k: v for k, v in WORKER_PAGES.items() if k not in pre and k not in os.environ})
     if pre.get("MALLOC_TRIM_THRESHOLD_", DASK_DEFAULT_TRIM) != DASK_DEFAULT_TRIM:
         return pre
     extra = {k: v for k, v in WORKER_MALLOC.items()

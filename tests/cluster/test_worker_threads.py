@@ -99,6 +99,47 @@ def test_workers_are_spawned_with_the_malloc_settings(monkeypatch):
     assert not any(v in os.environ for v in WORKER_MALLOC)
 
 
+def _numpy_huge_pages() -> bool:
+    """Whether numpy in this process advises huge pages for its large arrays."""
+    from numpy._core.multiarray import _set_madvise_hugepage
+
+    was = bool(_set_madvise_hugepage(False))
+    _set_madvise_hugepage(was)
+    return was
+
+
+def test_worker_pages_keep_a_users_choice(monkeypatch):
+    import dask
+
+    from lshdist.cluster.client import WORKER_PAGES, worker_pre_spawn_env
+
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    assert {k: worker_pre_spawn_env()[k] for k in WORKER_PAGES} == WORKER_PAGES
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 1}):
+        assert worker_pre_spawn_env()["NUMPY_MADVISE_HUGEPAGE"] == "0"  # (not malloc's)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.NUMPY_MADVISE_HUGEPAGE": 1}):
+        assert worker_pre_spawn_env()["NUMPY_MADVISE_HUGEPAGE"] == "1"  # the config's
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+    assert "NUMPY_MADVISE_HUGEPAGE" not in worker_pre_spawn_env()  # the environment's, inherited
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("user", [None, "1"])
+def test_workers_numpy_advises_huge_pages_only_when_the_user_asks(monkeypatch, user):
+    """numpy reads NUMPY_MADVISE_HUGEPAGE at import: a worker's numpy advises no huge pages
+    (`WORKER_PAGES`) unless the driver's environment asks for them; the driver's own numpy
+    and environment are left as they were."""
+    if user is None:
+        monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    else:
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", user)
+    here = _numpy_huge_pages()
+    with dask_client(workers=1) as client:
+        got = list(client.run(_numpy_huge_pages).values())
+    assert got == [user == "1"]
+    assert _numpy_huge_pages() == here and os.environ.get("NUMPY_MADVISE_HUGEPAGE") == user
+
+
 def _refaults() -> tuple[int, int]:
     """Minor page faults of filling a 256 MiB array, then of filling another after freeing
     it (a task's large temporaries, one task after another)."""

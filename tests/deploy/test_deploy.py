@@ -231,16 +231,17 @@ def test_schedule_files():
 
 def test_image_dask_config_sets_the_worker_malloc():
     """deploy/dask/workers.yaml (copied to /etc/dask in the image) gives `dask worker`
-    processes the malloc settings lshdist's LocalCluster uses, and lshdist keeps them."""
+    processes the malloc and numpy page settings lshdist's LocalCluster uses, and lshdist
+    keeps them."""
     import dask
     import distributed  # noqa: F401
 
-    from lshdist.cluster.client import WORKER_MALLOC, worker_pre_spawn_env
+    from lshdist.cluster.client import WORKER_MALLOC, WORKER_PAGES, worker_pre_spawn_env
 
     assert ("COPY", "deploy/dask/workers.yaml /etc/dask/lshdist-workers.yaml") in _dockerfile()
     cfg = dask.config.collect(paths=[str(DEPLOY / "dask")], env={})
     pre = cfg["distributed"]["nanny"]["pre-spawn-environ"]
-    assert {k: str(v) for k, v in pre.items()} == WORKER_MALLOC
+    assert {k: str(v) for k, v in pre.items()} == {**WORKER_MALLOC, **WORKER_PAGES}
     # merged over distributed's defaults, as dask merges /etc/dask files
     with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in pre.items()}):
         got = worker_pre_spawn_env()
