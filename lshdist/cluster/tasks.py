@@ -208,8 +208,8 @@ def segment_neighbours(segment: PermutationIndex | PackedSegment, sample: tuple[
     timed = calibrated_part(segment) if time_scan else -1
     parts = parts_of(segment)
     if check is not None and len(parts) != 1:
-        raise InputError("a recall check's truth is found on a fitted segment (one part), "
-                         f"not on one of {len(parts)} parts")
+        raise RuntimeError("internal error: a recall check's truth is found on a fitted "
+                           f"segment (one part), not on one of {len(parts)} parts")
     found: Partial | None = None
     for i, part in enumerate(parts):
         m = min(k + 1, len(part))
@@ -361,8 +361,8 @@ def check_answer(rows: np.ndarray, parts: Sequence[Partial | Neighbours], k: int
     for p in parts:
         if isinstance(p, Neighbours):
             if p.check is None:
-                raise InputError("internal error: a segment's neighbours came without the "
-                                 "recall check's")
+                raise RuntimeError("internal error: a segment's neighbours came without "
+                                   "the recall check's")
             found.append(p.check)
         else:
             found.append(p)
