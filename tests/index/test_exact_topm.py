@@ -163,21 +163,29 @@ def test_implicit_sparse_payload_exact_top_m(letter):
           integer_reference(X, Xq, ids, 11), BULK_QUERIES)
 
 
+def _fashion_segment(Xtr: np.ndarray, rows: int, rng: np.random.Generator, lists: int
+                     ) -> tuple[np.ndarray, object, object]:
+    """A fitted segment of ``rows`` Fashion-MNIST training rows (float32) under the identity
+    metric about their mean, 64-bit keys, shuffled ids: the rows, the family, the segment."""
+    from lshdist.index.permutation import PermutationIndex
+    from lshdist.index.searcher import MetricIndex, encode
+
+    X = np.asarray(Xtr[rng.choice(len(Xtr), rows, replace=False)], np.float32)
+    metric = ExplicitMetric.identity(784, center=X.mean(0))
+    family = MetricIndex(metric, bits=64).fit(X[:5]).family_
+    codes, payload = encode(metric, family, X)
+    seg = PermutationIndex(n_permutations=lists, seed=1).fit(codes, family.bits, payload,
+                                                             shuffled_ids(rng, len(X)))
+    return X, family, seg
+
+
 def test_a_segment_not_timed_gives_the_same_neighbours(fashion):
     # `segment_neighbours(time_scan=False)`: the segments whose scan the calibration does not
     # time skip the timed share of the truth -- the same neighbours, no seconds
     from lshdist.cluster.tasks import segment_neighbours
-    from lshdist.index.permutation import PermutationIndex
-    from lshdist.index.searcher import MetricIndex, encode
 
     Xtr, _, Xte, _ = fashion
-    rng = np.random.default_rng(5)
-    X = np.asarray(Xtr[rng.choice(len(Xtr), 2_000, replace=False)], np.float32)
-    metric = ExplicitMetric.identity(784, center=X.mean(0))
-    family = MetricIndex(metric, bits=64).fit(X[:10]).family_
-    codes, payload = encode(metric, family, X)
-    seg = PermutationIndex(n_permutations=8, seed=1).fit(codes, family.bits, payload,
-                                                         shuffled_ids(rng, len(X)))
+    X, family, seg = _fashion_segment(Xtr, 2_000, np.random.default_rng(5), 8)
     sample = (np.asarray(Xte[:200], np.float32), None)
     timed = segment_neighbours(seg, sample, family, 10)
     untimed = segment_neighbours(seg, sample, family, 10, time_scan=False)
@@ -196,17 +204,9 @@ def test_a_recall_checks_truth_found_with_the_calibrations(fashion, rows):
     # `check_truth` finds it, the calibration's neighbours unchanged; on a part of fewer rows
     # than k too (ids -1, distances inf past its end)
     from lshdist.cluster.tasks import check_truth, segment_neighbours
-    from lshdist.index.permutation import PermutationIndex
-    from lshdist.index.searcher import MetricIndex, encode
 
     Xtr, _, Xte, _ = fashion
-    rng = np.random.default_rng(7)
-    X = np.asarray(Xtr[rng.choice(len(Xtr), rows, replace=False)], np.float32)
-    metric = ExplicitMetric.identity(784, center=X.mean(0))
-    family = MetricIndex(metric, bits=64).fit(X[:5]).family_
-    codes, payload = encode(metric, family, X)
-    seg = PermutationIndex(n_permutations=4, seed=1).fit(codes, family.bits, payload,
-                                                         shuffled_ids(rng, len(X)))
+    X, family, seg = _fashion_segment(Xtr, rows, np.random.default_rng(7), 4)
     sample = (np.asarray(Xte[:200], np.float32), None)
     check = (np.asarray(Xte[500:650], np.float32), np.arange(500, 650))
     if rows > 10:
