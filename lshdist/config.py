@@ -345,8 +345,8 @@ class LearnConfig(Section):
 SUBSPACE_BITS = 32
 #: b of a permutation index when --bits is not given (`default_key_bits`): a build followed by
 #: its queries under an explicit metric where hashing is most of the job, and any other
-DENSE_KEY_BITS = 256
-KERNEL_KEY_BITS = 512
+SHORT_KEY_BITS = 256
+DEFAULT_KEY_BITS = 512
 #: options of one method only (given with the other method: an error)
 SUBSPACE_OPTIONS = frozenset({"rank", "eta", "alpha", "max_rounds", "krylov_iters", "probe",
                               "candidates"})
@@ -453,9 +453,9 @@ class IndexConfig(Section):
 
 def default_key_bits(explicit: bool, *, rows: int = 0, queries: int | None = None,
                      segments: int = 1) -> int:
-    """b when none is given: `DENSE_KEY_BITS` (256) for a build of ``rows`` rows in
+    """b when none is given: `SHORT_KEY_BITS` (256) for a build of ``rows`` rows in
     ``segments`` segments followed by a known number of ``queries`` under an explicit metric,
-    where ``rows + queries >= 2 queries segments``; else `KERNEL_KEY_BITS` (512).
+    where ``rows + queries >= 2 queries segments``; else `DEFAULT_KEY_BITS` (512).
 
     Under an explicit metric a row's bits are one float32 product, 2 d b flops for each of
     the rows + queries, and 256 bits halve them; the price is paid per query and segment
@@ -470,8 +470,8 @@ def default_key_bits(explicit: bool, *, rows: int = 0, queries: int | None = Non
     pyramid-match kernels over Fashion-MNIST's local features (6,000 rows) 256 bits
     re-ranked 10.7 % of the rows or more, 512 about 5 %."""
     if explicit and queries and rows + queries >= 2 * queries * max(1, segments):
-        return DENSE_KEY_BITS
-    return KERNEL_KEY_BITS
+        return SHORT_KEY_BITS
+    return DEFAULT_KEY_BITS
 
 
 @dataclass(frozen=True)

@@ -313,7 +313,6 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
     fits = [driver.submit_at(client, w, tasks.fit_segment, path, shards, family_f, lists,
                              None if lists else cfg.epsilon, cfg.seed)
             for shards, w in zip(plan.segments, where)]
-    truths.fits = fits
     names = [new_segment_name() for _ in plan.segments]
     held = [*fits, family_f, *([sample_f] if sample_f is not None else [])]
     shared: dict[str, Any] = {}
@@ -353,7 +352,7 @@ def _build_segments(client: Any, plan: BuildPlan, index_dir: Path | ObjectPath, 
                                   None if pooled is None else pooled.sample,
                                   pure=False, retries=2)
             held.append(cal_f)
-            shared = truths.futures()  # (behind the timing task on its worker)
+            shared = truths.futures(fits)  # (behind the timing task on its worker)
             held += shared.values()
             written = None if pooled is None else pooled.kept(cfg.target_recall)
             if written is not None:
@@ -427,13 +426,8 @@ class _CheckTruths:
                  family_f: Any) -> None:
         self.client, self.check, self.where = client, check, where
         self.family_f = family_f
-        self.fits: Sequence[Any] = []
         self.sample: Any = None
         self.parts: list[Any] = [None] * len(where)
-
-    @property
-    def wanted(self) -> bool:
-        return self.check is not None
 
     def read(self, priority: int = -1) -> Any:
         """The check's sample (a future, submitted once; None without a check)."""
@@ -453,13 +447,14 @@ class _CheckTruths:
         """The futures submitted so far (what a failed build cancels)."""
         return [f for f in (self.sample, *self.parts) if f is not None]
 
-    def futures(self) -> dict[str, Any]:
-        """Every segment's truth submitted, and the query's shared futures: ``check_sample``
-        and ``check_truth`` (``(rows, ids)``, `tasks.check_answer`); empty without a check."""
+    def futures(self, fits: Sequence[Any]) -> dict[str, Any]:
+        """Every segment's truth submitted (on the fitted segments ``fits``, where not found
+        by the calibration's scans), and the query's shared futures: ``check_sample`` and
+        ``check_truth`` (``(rows, ids)``, `tasks.check_answer`); empty without a check."""
         check = self.check
         if check is None:
             return {}
-        for j, fit in enumerate(self.fits):
+        for j, fit in enumerate(fits):
             if self.parts[j] is None:
                 self.parts[j] = driver.submit_at(self.client, self.where[j], tasks.check_truth,
                                                  fit, self.read(), self.family_f, check.k,
